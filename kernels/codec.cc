@@ -1,0 +1,97 @@
+#include <cmath>
+#include <string>
+
+#include "kernels/codec.h"
+#include "kernels/codec_internal.h"
+
+namespace kvarn {
+namespace {
+
+CodecStatus CheckPresetAndDim(const Preset& preset, int head_dim) {
+  KVARN_RETURN_IF_ERROR(CheckHeadDim(head_dim));
+  Preset parsed;
+  // Re-parse the name so a hand-built Preset with unsupported fields is rejected too.
+  KVARN_RETURN_IF_ERROR(ParsePreset(preset.Name(), &parsed));
+  if (!(parsed == preset)) return InvalidArgument("malformed preset " + preset.Name());
+  return {};
+}
+
+CodecStatus CheckRun(const Fp16Run& run, int max_tokens, const char* what) {
+  if (run.tokens < 0 || run.tokens > max_tokens) {
+    return InvalidArgument(std::string(what) + " holds " + std::to_string(run.tokens) +
+                           " tokens; allowed 0.." + std::to_string(max_tokens));
+  }
+  if (run.tokens > 0 && (run.keys == nullptr || run.values == nullptr)) {
+    return InvalidArgument(std::string(what) + " has tokens but no data");
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string_view Codec::target() const { return kernels_->target(); }
+
+const Codec& Codec::Reference() {
+  static const Codec codec("reference", &ReferenceKernels());
+  return codec;
+}
+
+CodecStatus Codec::EncodeTile(const Preset& preset, int head_dim, const TileIn& in,
+                              std::span<uint8_t> record, const EncodeOptions& options) const {
+  KVARN_RETURN_IF_ERROR(CheckPresetAndDim(preset, head_dim));
+  if (in.keys == nullptr || in.values == nullptr) return InvalidArgument("tile has no data");
+  const size_t want = preset.RecordBytes(head_dim);
+  if (record.size() != want) {
+    return InvalidArgument("record buffer is " + std::to_string(record.size()) + " bytes; " +
+                           preset.Name() + " with head_dim " + std::to_string(head_dim) +
+                           " needs " + std::to_string(want));
+  }
+  if (options.iterations < 0 || options.iterations > EncodeOptions::kMaxIterations) {
+    return InvalidArgument("iterations must be in 0.." +
+                           std::to_string(EncodeOptions::kMaxIterations));
+  }
+  return kernels_->encode(preset, head_dim, in, record.data(), options.iterations);
+}
+
+CodecStatus Codec::DecodeTile(const Preset& preset, int head_dim, std::span<const uint8_t> record,
+                              const TileOut& out) const {
+  KVARN_RETURN_IF_ERROR(CheckPresetAndDim(preset, head_dim));
+  if (out.keys == nullptr || out.values == nullptr) return InvalidArgument("no output buffers");
+  const size_t want = preset.RecordBytes(head_dim);
+  if (record.size() != want) {
+    return InvalidArgument("record is " + std::to_string(record.size()) + " bytes; " +
+                           preset.Name() + " with head_dim " + std::to_string(head_dim) +
+                           " has " + std::to_string(want));
+  }
+  return kernels_->decode(preset, head_dim, record.data(), out);
+}
+
+CodecStatus Codec::AttendDecode(const Preset& preset, int head_dim, const float* queries,
+                                int num_queries, const SequenceView& seq, float* out,
+                                float softmax_scale) const {
+  KVARN_RETURN_IF_ERROR(CheckPresetAndDim(preset, head_dim));
+  if (queries == nullptr || out == nullptr) return InvalidArgument("no query or output buffer");
+  if (num_queries < 1 || num_queries > 64) {
+    return InvalidArgument("num_queries " + std::to_string(num_queries) +
+                           " is outside 1..64 query heads per kv-head");
+  }
+  if (!std::isfinite(softmax_scale) || softmax_scale < 0.0f) {
+    return InvalidArgument("softmax_scale must be finite and >= 0");
+  }
+  const int g = preset.tile_tokens;
+  KVARN_RETURN_IF_ERROR(CheckRun(seq.sink, g, "sink"));
+  KVARN_RETURN_IF_ERROR(CheckRun(seq.tail, g, "tail"));
+  for (const uint8_t* tile : seq.tiles) {
+    if (tile == nullptr) return InvalidArgument("null tile in sequence");
+  }
+  if (seq.sink.tokens + seq.tail.tokens == 0 && seq.tiles.empty()) {
+    return InvalidArgument("sequence has no tokens");
+  }
+  for (size_t i = 0; i < static_cast<size_t>(num_queries) * head_dim; ++i) {
+    if (!std::isfinite(queries[i])) return InvalidArgument("query holds NaN or Inf");
+  }
+  if (softmax_scale == 0.0f) softmax_scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  return kernels_->attend(preset, head_dim, queries, num_queries, seq, out, softmax_scale);
+}
+
+}  // namespace kvarn

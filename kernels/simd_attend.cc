@@ -1,0 +1,352 @@
+// SIMD decode attention over a sequence of fp16 sink, quantized tiles and fp16 tail
+// (KVARN_SPEC.md §7), with grouped-query attention: every tile is streamed once for all
+// query heads of its kv-head, and no tile is ever dequantized into memory.
+//
+// Codes are widened straight from their packed bytes. A vector of N bytes yields p = 8/bits
+// vectors of codes, one per bit plane, so tokens (for keys) and channels (for values) are
+// visited in "plane order": position (chunk*p + plane)*N + lane holds element
+// p*(chunk*N + lane) + plane. Scores, scales and value accumulators are kept in plane order
+// throughout, and only the final output is put back into natural channel order.
+//
+// The fp16 parts and the quantized tiles are reduced separately (two online-softmax states)
+// and merged once at the end with a log-sum-exp combine.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/simd_attend.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+// clang-format off
+#include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
+#include "kernels/simd-inl.h"
+// clang-format on
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/codec_internal.h"
+#include "kernels/fp16.h"
+#include "kernels/simd_scratch.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace kvarn {
+namespace HWY_NAMESPACE {
+namespace {
+
+constexpr int kMaxHeadBlock = 4;  // query heads whose accumulators share the registers
+
+// Plane order of n elements packed `bits` wide, for this target's vector length.
+void PlanePermutation(size_t n, int bits, int32_t* perm) {
+  const size_t N = hn::Lanes(DF()), p = static_cast<size_t>(8 / bits);
+  for (size_t pos = 0; pos < n; ++pos) {
+    const size_t chunk = pos / (p * N), plane = (pos / N) % p, lane = pos % N;
+    perm[pos] = static_cast<int32_t>(p * (chunk * N + lane) + plane);
+  }
+}
+
+// Widens the codes of one step: 4 vectors = 4N consecutive plane positions, from 2N bytes
+// (4-bit) or N bytes (2-bit).
+template <int kBits>
+HWY_INLINE void UnpackStep(const uint8_t* HWY_RESTRICT bytes, VF& c0, VF& c1, VF& c2, VF& c3) {
+  const DF df;
+  const DI di;
+  const DU8F d8;
+  if constexpr (kBits == 4) {
+    const auto x0 = hn::PromoteTo(di, hn::LoadU(d8, bytes));
+    const auto x1 = hn::PromoteTo(di, hn::LoadU(d8, bytes + hn::Lanes(df)));
+    const auto low = hn::Set(di, 15);
+    c0 = hn::ConvertTo(df, hn::And(x0, low));
+    c1 = hn::ConvertTo(df, hn::ShiftRight<4>(x0));
+    c2 = hn::ConvertTo(df, hn::And(x1, low));
+    c3 = hn::ConvertTo(df, hn::ShiftRight<4>(x1));
+  } else {
+    const auto x = hn::PromoteTo(di, hn::LoadU(d8, bytes));
+    const auto low = hn::Set(di, 3);
+    c0 = hn::ConvertTo(df, hn::And(x, low));
+    c1 = hn::ConvertTo(df, hn::And(hn::ShiftRight<2>(x), low));
+    c2 = hn::ConvertTo(df, hn::And(hn::ShiftRight<4>(x), low));
+    c3 = hn::ConvertTo(df, hn::ShiftRight<6>(x));
+  }
+}
+
+template <int kBits>
+constexpr size_t StepBytes(size_t lanes) {
+  return kBits == 4 ? 2 * lanes : lanes;
+}
+
+// scores[h][pos] = sum_c w[h][c] * qK[c][t(pos)] for H heads.
+template <int kBits, int H>
+void KeyDots(const uint8_t* HWY_RESTRICT codes, size_t g, size_t d, const float* HWY_RESTRICT w,
+             float* HWY_RESTRICT scores) {
+  const DF df;
+  const size_t N = hn::Lanes(df), row_bytes = g * kBits / 8;
+  for (size_t off = 0, pos = 0; off < row_bytes; off += StepBytes<kBits>(N), pos += 4 * N) {
+    VF acc[H][4];
+    for (int h = 0; h < H; ++h) acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = hn::Zero(df);
+    for (size_t c = 0; c < d; ++c) {
+      VF c0, c1, c2, c3;
+      UnpackStep<kBits>(codes + c * row_bytes + off, c0, c1, c2, c3);
+      for (int h = 0; h < H; ++h) {
+        const VF wv = hn::Set(df, w[h * d + c]);
+        acc[h][0] = hn::MulAdd(wv, c0, acc[h][0]);
+        acc[h][1] = hn::MulAdd(wv, c1, acc[h][1]);
+        acc[h][2] = hn::MulAdd(wv, c2, acc[h][2]);
+        acc[h][3] = hn::MulAdd(wv, c3, acc[h][3]);
+      }
+    }
+    for (int h = 0; h < H; ++h) {
+      for (int j = 0; j < 4; ++j) hn::StoreU(acc[h][j], df, scores + h * g + pos + j * N);
+    }
+  }
+}
+
+// tile_acc[h][cpos] = sum_pos pa[h][pos] * qV[t(pos)][c(cpos)] for H heads.
+template <int kBits, int H>
+void ValueSums(const uint8_t* HWY_RESTRICT codes, size_t g, size_t d, const int32_t* HWY_RESTRICT tok_perm,
+               const float* HWY_RESTRICT pa, float* HWY_RESTRICT tile_acc) {
+  const DF df;
+  const size_t N = hn::Lanes(df), row_bytes = d * kBits / 8;
+  for (size_t off = 0, cpos = 0; off < row_bytes; off += StepBytes<kBits>(N), cpos += 4 * N) {
+    VF acc[H][4];
+    for (int h = 0; h < H; ++h) acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = hn::Zero(df);
+    for (size_t pos = 0; pos < g; ++pos) {
+      VF c0, c1, c2, c3;
+      UnpackStep<kBits>(codes + static_cast<size_t>(tok_perm[pos]) * row_bytes + off, c0, c1, c2, c3);
+      for (int h = 0; h < H; ++h) {
+        const VF pv = hn::Set(df, pa[h * g + pos]);
+        acc[h][0] = hn::MulAdd(pv, c0, acc[h][0]);
+        acc[h][1] = hn::MulAdd(pv, c1, acc[h][1]);
+        acc[h][2] = hn::MulAdd(pv, c2, acc[h][2]);
+        acc[h][3] = hn::MulAdd(pv, c3, acc[h][3]);
+      }
+    }
+    for (int h = 0; h < H; ++h) {
+      for (int j = 0; j < 4; ++j) hn::StoreU(acc[h][j], df, tile_acc + h * d + cpos + j * N);
+    }
+  }
+}
+
+template <int kBits, int vBits>
+void TileDots(int heads, const uint8_t* k_codes, const uint8_t* v_codes, size_t g, size_t d,
+              const float* w, float* scores, const int32_t* tok_perm, bool values, float* tile_acc) {
+  for (int h0 = 0; h0 < heads; h0 += kMaxHeadBlock) {
+    const int hb = std::min(kMaxHeadBlock, heads - h0);
+    const float* wh = w + h0 * d;
+    float* sh = scores + h0 * g;
+    float* th = tile_acc + h0 * d;
+#define KVARN_BLOCK(H)                                                     \
+  if (!values) KeyDots<kBits, H>(k_codes, g, d, wh, sh);                   \
+  else ValueSums<vBits, H>(v_codes, g, d, tok_perm, sh, th);
+    switch (hb) {
+      case 1: KVARN_BLOCK(1) break;
+      case 2: KVARN_BLOCK(2) break;
+      case 3: KVARN_BLOCK(3) break;
+      default: KVARN_BLOCK(4) break;
+    }
+#undef KVARN_BLOCK
+  }
+}
+
+using TileDotsFn = void (*)(int, const uint8_t*, const uint8_t*, size_t, size_t, const float*,
+                            float*, const int32_t*, bool, float*);
+
+TileDotsFn SelectTileDots(int kbits, int vbits) {
+  if (kbits == 4) return vbits == 4 ? &TileDots<4, 4> : &TileDots<4, 2>;
+  return vbits == 4 ? &TileDots<2, 4> : &TileDots<2, 2>;
+}
+
+void WidenHalves(const uint8_t* src, size_t n, float* dst) {
+  for (size_t i = 0; i < n; i += hn::Lanes(DF())) {
+    hn::StoreU(LoadHalf(reinterpret_cast<const uint16_t*>(src) + i), DF(), dst + i);
+  }
+}
+void WidenPermuted(const uint8_t* src, size_t n, const int32_t* perm, float* dst) {
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, src + 2 * static_cast<size_t>(perm[i]), 2);
+    dst[i] = HalfToFloat(h);
+  }
+}
+
+struct SoftmaxState {
+  float max[64];
+  float sum[64];
+};
+
+// Folds one quantized tile into the tiles' softmax state and accumulator.
+void AttendTile(const Preset& p, size_t d, int heads, const uint8_t* record, const RecordLayout& l,
+                float scale, TileDotsFn dots, AttendScratch& s, SoftmaxState& st) {
+  const DF df;
+  const size_t N = hn::Lanes(df), g = static_cast<size_t>(p.tile_tokens);
+  WidenHalves(record + l.k_a, d, s.a_k.get());
+  WidenHalves(record + l.k_b, d, s.b_k.get());
+  WidenPermuted(record + l.k_r, g, s.tok_perm.get(), s.r_k.get());
+  WidenPermuted(record + l.v_a, g, s.tok_perm.get(), s.a_v.get());
+  WidenPermuted(record + l.v_b, g, s.tok_perm.get(), s.b_v.get());
+  WidenPermuted(record + l.v_c, d, s.ch_perm.get(), s.c_v.get());
+
+  float beta[64];
+  for (int h = 0; h < heads; ++h) {
+    const float* q = s.q.get() + h * d;
+    float* w = s.w.get() + h * d;
+    VF bsum = hn::Zero(df);
+    for (size_t c = 0; c < d; c += N) {
+      const VF qv = hn::LoadU(df, q + c);
+      hn::StoreU(hn::Mul(qv, hn::LoadU(df, s.a_k.get() + c)), df, w + c);
+      bsum = hn::MulAdd(qv, hn::LoadU(df, s.b_k.get() + c), bsum);
+    }
+    beta[h] = ReduceSum(bsum);
+  }
+  dots(heads, record + l.k_codes, record + l.v_codes, g, d, s.w.get(), s.scores.get(), s.tok_perm.get(),
+       false, s.tile_acc.get());
+
+  float rescale[64], pb[64];
+  for (int h = 0; h < heads; ++h) {
+    float* sc = s.scores.get() + h * g;
+    const VF bv = hn::Set(df, beta[h]), scv = hn::Set(df, scale);
+    VF mx = hn::Set(df, -HUGE_VALF);
+    for (size_t i = 0; i < g; i += N) {
+      const VF x = hn::Mul(hn::Mul(hn::Add(hn::LoadU(df, sc + i), bv), hn::LoadU(df, s.r_k.get() + i)), scv);
+      hn::StoreU(x, df, sc + i);
+      mx = hn::Max(mx, x);
+    }
+    const float m_new = std::max(st.max[h], ReduceMax(mx));
+    rescale[h] = std::exp(st.max[h] - m_new);
+    st.max[h] = m_new;
+    const VF mv = hn::Set(df, m_new);
+    VF psum = hn::Zero(df), bsum = hn::Zero(df);
+    for (size_t i = 0; i < g; i += N) {
+      const VF pr = hn::Exp(df, hn::Sub(hn::LoadU(df, sc + i), mv));
+      psum = hn::Add(psum, pr);
+      bsum = hn::MulAdd(pr, hn::LoadU(df, s.b_v.get() + i), bsum);
+      hn::StoreU(hn::Mul(pr, hn::LoadU(df, s.a_v.get() + i)), df, sc + i);  // p * a_V
+    }
+    st.sum[h] = st.sum[h] * rescale[h] + ReduceSum(psum);
+    pb[h] = ReduceSum(bsum);
+  }
+  dots(heads, record + l.k_codes, record + l.v_codes, g, d, s.w.get(), s.scores.get(), s.tok_perm.get(),
+       true, s.tile_acc.get());
+  for (int h = 0; h < heads; ++h) {
+    float* acc = s.acc_q.get() + h * d;
+    const float* ta = s.tile_acc.get() + h * d;
+    const VF rs = hn::Set(df, rescale[h]), pbv = hn::Set(df, pb[h]);
+    for (size_t c = 0; c < d; c += N) {
+      const VF add = hn::Mul(hn::Add(hn::LoadU(df, ta + c), pbv), hn::LoadU(df, s.c_v.get() + c));
+      hn::StoreU(hn::MulAdd(hn::LoadU(df, acc + c), rs, add), df, acc + c);
+    }
+  }
+}
+
+// Folds fp16 tokens (storage frame) into the fp16 softmax state and its natural-order
+// accumulator.
+void AttendFp16(size_t d, int heads, const uint16_t* keys, const uint16_t* values, size_t tokens,
+                float scale, AttendScratch& s, SoftmaxState& st) {
+  const DF df;
+  const size_t N = hn::Lanes(df), g = tokens;
+  float* scores = s.scores.get();  // [H][tokens]
+  for (size_t t = 0; t < tokens; ++t) {
+    const uint16_t* k = keys + t * d;
+    for (int h = 0; h < heads; ++h) {
+      const float* q = s.q.get() + h * d;
+      VF acc = hn::Zero(df);
+      for (size_t c = 0; c < d; c += N) acc = hn::MulAdd(hn::LoadU(df, q + c), LoadHalf(k + c), acc);
+      scores[h * g + t] = ReduceSum(acc) * scale;
+    }
+  }
+  for (int h = 0; h < heads; ++h) {
+    float* sc = scores + h * g;
+    const float m_new = std::max(st.max[h], *std::max_element(sc, sc + tokens));
+    const float rescale = std::exp(st.max[h] - m_new);
+    st.max[h] = m_new;
+    float sum = 0.0f;
+    for (size_t t = 0; t < tokens; ++t) sum += (sc[t] = std::exp(sc[t] - m_new));
+    st.sum[h] = st.sum[h] * rescale + sum;
+    float* acc = s.acc_h.get() + h * d;
+    const VF rs = hn::Set(df, rescale);
+    for (size_t c = 0; c < d; c += N) hn::StoreU(hn::Mul(hn::LoadU(df, acc + c), rs), df, acc + c);
+  }
+  for (size_t t = 0; t < tokens; ++t) {
+    const uint16_t* v = values + t * d;
+    for (size_t c = 0; c < d; c += N) {
+      const VF vv = LoadHalf(v + c);
+      for (int h = 0; h < heads; ++h) {
+        float* acc = s.acc_h.get() + h * d;
+        hn::StoreU(hn::MulAdd(hn::Set(df, scores[h * g + t]), vv, hn::LoadU(df, acc + c)), df, acc + c);
+      }
+    }
+  }
+}
+
+CodecStatus AttendImpl(const Preset& preset, int head_dim, const float* queries, int heads,
+                       const SequenceView& seq, float* out, float scale) {
+  const DF df;
+  const size_t N = hn::Lanes(df), d = static_cast<size_t>(head_dim);
+  const size_t g = static_cast<size_t>(preset.tile_tokens);
+  AttendScratch& s = AttendScratch::ForThread(static_cast<size_t>(heads), g, d);
+  std::copy_n(queries, heads * d, s.q.get());
+  if (preset.rotates()) FwhtRows(s.q.get(), static_cast<size_t>(heads), d);
+  std::fill_n(s.acc_q.get(), heads * d, 0.0f);
+  std::fill_n(s.acc_h.get(), heads * d, 0.0f);
+  SoftmaxState fp16_state, tile_state;
+  std::fill_n(fp16_state.max, heads, -HUGE_VALF);
+  std::fill_n(tile_state.max, heads, -HUGE_VALF);
+  std::fill_n(fp16_state.sum, heads, 0.0f);
+  std::fill_n(tile_state.sum, heads, 0.0f);
+
+  if (seq.sink.tokens > 0) {
+    AttendFp16(d, heads, seq.sink.keys, seq.sink.values, seq.sink.tokens, scale, s, fp16_state);
+  }
+  if (seq.tail.tokens > 0) {
+    AttendFp16(d, heads, seq.tail.keys, seq.tail.values, seq.tail.tokens, scale, s, fp16_state);
+  }
+  if (!preset.quantizes()) {
+    for (const uint8_t* tile : seq.tiles) {
+      const auto* k = reinterpret_cast<const uint16_t*>(tile);
+      AttendFp16(d, heads, k, k + g * d, g, scale, s, fp16_state);
+    }
+  } else if (!seq.tiles.empty()) {
+    PlanePermutation(g, preset.key_bits, s.tok_perm.get());
+    PlanePermutation(d, preset.value_bits, s.ch_perm.get());
+    const RecordLayout l = preset.Layout(head_dim);
+    const TileDotsFn dots = SelectTileDots(preset.key_bits, preset.value_bits);
+    for (const uint8_t* tile : seq.tiles) AttendTile(preset, d, heads, tile, l, scale, dots, s, tile_state);
+  }
+
+  // Log-sum-exp merge of the two partial results, back to natural channel order.
+  for (int h = 0; h < heads; ++h) {
+    const float m = std::max(fp16_state.max[h], tile_state.max[h]);
+    const float e1 = std::exp(fp16_state.max[h] - m), e2 = std::exp(tile_state.max[h] - m);
+    const float inv = 1.0f / (fp16_state.sum[h] * e1 + tile_state.sum[h] * e2);
+    float* o = out + h * d;
+    const float* ah = s.acc_h.get() + h * d;
+    const float* aq = s.acc_q.get() + h * d;
+    for (size_t c = 0; c < d; ++c) o[c] = ah[c] * e1;
+    if (preset.quantizes() && !seq.tiles.empty()) {
+      for (size_t c = 0; c < d; ++c) o[s.ch_perm.get()[c]] += aq[c] * e2;
+    }
+    for (size_t c = 0; c < d; c += N) hn::StoreU(hn::Mul(hn::LoadU(df, o + c), hn::Set(df, inv)), df, o + c);
+  }
+  if (preset.rotates()) FwhtRows(out, static_cast<size_t>(heads), d);
+  return {};
+}
+
+}  // namespace
+
+CodecStatus AttendEntry(const Preset& preset, int head_dim, const float* queries, int heads,
+                        const SequenceView& seq, float* out, float scale) {
+  return AttendImpl(preset, head_dim, queries, heads, seq, out, scale);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace kvarn
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kvarn {
+HWY_EXPORT(AttendEntry);
+
+CodecStatus SimdAttend(const Preset& preset, int head_dim, const float* queries, int num_queries,
+                       const SequenceView& seq, float* out, float softmax_scale) {
+  return HWY_DYNAMIC_DISPATCH(AttendEntry)(preset, head_dim, queries, num_queries, seq, out,
+                                           softmax_scale);
+}
+}  // namespace kvarn
+#endif
