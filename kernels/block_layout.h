@@ -1,0 +1,50 @@
+// Where the K/V of one (layer, kv-head) live inside the pool's blocks. Shared by the daemon,
+// the client library and the CUDA kernels (host and device).
+//
+// A quantized block holds one G-token tile of every layer and kv-head: records of
+// Preset::RecordBytes(head_dim) bytes back to back, layer-major. An fp16 block holds up to
+// G tokens of every layer and kv-head in the storage frame: for each (layer, head), keys
+// [G][D] then values [G][D], binary16. Block id -> byte offset is arithmetic, so a block
+// table is just ids.
+#ifndef KVARN_KERNELS_BLOCK_LAYOUT_H_
+#define KVARN_KERNELS_BLOCK_LAYOUT_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/hd.h"
+
+namespace kvarn {
+
+struct BlockLayout {
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int tile_tokens = 0;
+  size_t record_bytes = 0;  // one (layer, head) tile in a quantized block
+
+  KVARN_HD size_t slots() const {
+    return static_cast<size_t>(num_layers) * static_cast<size_t>(num_kv_heads);
+  }
+  KVARN_HD size_t slot(int layer, int head) const {
+    return static_cast<size_t>(layer) * static_cast<size_t>(num_kv_heads) + static_cast<size_t>(head);
+  }
+  KVARN_HD size_t quant_block_bytes() const { return slots() * record_bytes; }
+  // Elements of one [G][D] K or V matrix.
+  KVARN_HD size_t tile_elems() const {
+    return static_cast<size_t>(tile_tokens) * static_cast<size_t>(head_dim);
+  }
+  KVARN_HD size_t fp16_slot_bytes() const { return 2 * tile_elems() * sizeof(uint16_t); }
+  KVARN_HD size_t fp16_block_bytes() const { return slots() * fp16_slot_bytes(); }
+
+  // Byte offsets inside a block.
+  KVARN_HD size_t RecordOffset(int layer, int head) const { return slot(layer, head) * record_bytes; }
+  KVARN_HD size_t Fp16KeysOffset(int layer, int head) const { return slot(layer, head) * fp16_slot_bytes(); }
+  KVARN_HD size_t Fp16ValuesOffset(int layer, int head) const {
+    return Fp16KeysOffset(layer, head) + tile_elems() * sizeof(uint16_t);
+  }
+};
+
+}  // namespace kvarn
+
+#endif  // KVARN_KERNELS_BLOCK_LAYOUT_H_
