@@ -1,0 +1,217 @@
+#include "daemon/core/cpu_sealer.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/fp16.h"
+
+namespace kvarn {
+
+absl::Status FromCodec(const CodecStatus& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(s.code())), s.message());
+}
+
+ParallelFor::ParallelFor(int threads) {
+  for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { Worker(); });
+}
+
+ParallelFor::~ParallelFor() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+void ParallelFor::Worker() {
+  uint64_t seen = 0;
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+    if (stop_) return;
+    seen = generation_;
+    ++active_;
+    while (next_ < n_) {
+      const size_t i = next_++;
+      lock.unlock();
+      (*fn_)(i);
+      lock.lock();
+    }
+    if (--active_ == 0) done_cv_.notify_all();
+  }
+}
+
+void ParallelFor::Run(size_t n, const std::function<void(size_t)>& fn) {
+  if (workers_.empty() || n <= 1) {
+    for (size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::lock_guard<std::mutex> run(run_mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  fn_ = &fn;
+  n_ = n;
+  next_ = 0;
+  ++generation_;
+  ++active_;  // the caller works too
+  cv_.notify_all();
+  while (next_ < n_) {
+    const size_t i = next_++;
+    lock.unlock();
+    fn(i);
+    lock.lock();
+  }
+  --active_;
+  done_cv_.wait(lock, [&] { return active_ == 0; });
+  fn_ = nullptr;
+  n_ = 0;
+}
+
+CpuSealer::CpuSealer(const Preset& preset, const BlockLayout& layout, int seal_threads)
+    : preset_(preset), layout_(layout), pool_(std::make_unique<ParallelFor>(seal_threads)) {}
+
+absl::Status CpuSealer::CheckTokens(const uint8_t* slot, int first, int count) {
+  const size_t d = static_cast<size_t>(layout_.head_dim);
+  for (int l = 0; l < layout_.num_layers; ++l) {
+    for (int h = 0; h < layout_.num_kv_heads; ++h) {
+      for (int which = 0; which < 2; ++which) {
+        const size_t off = which == 0 ? layout_.Fp16KeysOffset(l, h) : layout_.Fp16ValuesOffset(l, h);
+        const auto* x = reinterpret_cast<const uint16_t*>(slot + off) + static_cast<size_t>(first) * d;
+        const size_t n = static_cast<size_t>(count) * d;
+        bool bad = false;
+        for (size_t i = 0; i < n; ++i) bad |= (x[i] & 0x7C00u) == 0x7C00u;
+        if (bad) {
+          size_t i = 0;
+          while ((x[i] & 0x7C00u) != 0x7C00u) ++i;
+          return absl::InvalidArgumentError(absl::StrCat(
+              which == 0 ? "keys" : "values", " of token ", first + static_cast<int>(i / d), " (layer ", l,
+              ", kv-head ", h, ", channel ", i % d, ") hold NaN or Inf"));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuSealer::SealQuantized(const uint8_t* slot, uint8_t* block) {
+  std::mutex mu;
+  absl::Status first_error;
+  const Codec& codec = Codec::Default();
+  pool_->Run(layout_.slots(), [&](size_t i) {
+    const int l = static_cast<int>(i / layout_.num_kv_heads), h = static_cast<int>(i % layout_.num_kv_heads);
+    TileIn in{slot + layout_.Fp16KeysOffset(l, h), slot + layout_.Fp16ValuesOffset(l, h), DType::kF16,
+              Frame::kStorage};
+    const CodecStatus s = codec.EncodeTile(preset_, layout_.head_dim, in,
+                                           {block + layout_.RecordOffset(l, h), layout_.record_bytes});
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (first_error.ok()) {
+        first_error = absl::Status(FromCodec(s).code(), absl::StrCat("layer ", l, ", kv-head ", h, ": ", s.message()));
+      }
+    }
+  });
+  return first_error;
+}
+
+absl::Status CpuSealer::SealSink(const uint8_t* slot, uint8_t* block) {
+  std::memcpy(block, slot, layout_.fp16_slot_bytes() * layout_.slots());
+  return CheckTokens(block, 0, layout_.tile_tokens);
+}
+
+absl::Status CpuSealer::CopyTail(const uint8_t* src, uint8_t* dst, int tokens) {
+  const size_t bytes = static_cast<size_t>(tokens) * layout_.head_dim * sizeof(uint16_t);
+  for (int l = 0; l < layout_.num_layers; ++l) {
+    for (int h = 0; h < layout_.num_kv_heads; ++h) {
+      std::memcpy(dst + layout_.Fp16KeysOffset(l, h), src + layout_.Fp16KeysOffset(l, h), bytes);
+      std::memcpy(dst + layout_.Fp16ValuesOffset(l, h), src + layout_.Fp16ValuesOffset(l, h), bytes);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuSealer::WriteTokens(uint8_t* slot, int first, int n, const void* keys,
+                                    const void* values, DType dtype) {
+  const size_t d = static_cast<size_t>(layout_.head_dim);
+  const size_t per_token = layout_.slots() * d;
+  const size_t total = static_cast<size_t>(n) * per_token;
+  const auto value_at = [&](const void* src, size_t i) {
+    return dtype == DType::kF32 ? static_cast<const float*>(src)[i]
+                                : HalfToFloat(static_cast<const uint16_t*>(src)[i]);
+  };
+  for (int which = 0; which < 2; ++which) {
+    const void* src = which == 0 ? keys : values;
+    for (size_t i = 0; i < total; ++i) {
+      const float x = value_at(src, i);
+      if (!(std::fabs(x) <= 65504.0f)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            which == 0 ? "keys" : "values", " of token ", i / per_token, " (layer ",
+            (i % per_token) / d / layout_.num_kv_heads, ", kv-head ", (i / d) % layout_.num_kv_heads,
+            ") hold NaN, Inf or a value beyond the fp16 range"));
+      }
+    }
+  }
+  std::vector<float> row(d);
+  for (int t = 0; t < n; ++t) {
+    for (int l = 0; l < layout_.num_layers; ++l) {
+      for (int h = 0; h < layout_.num_kv_heads; ++h) {
+        const size_t src_off = (static_cast<size_t>(t) * layout_.slots() + layout_.slot(l, h)) * d;
+        for (int which = 0; which < 2; ++which) {
+          for (size_t c = 0; c < d; ++c) row[c] = value_at(which == 0 ? keys : values, src_off + c);
+          if (preset_.rotates()) FwhtInPlace(row.data(), static_cast<int>(d));
+          const size_t off = which == 0 ? layout_.Fp16KeysOffset(l, h) : layout_.Fp16ValuesOffset(l, h);
+          auto* dst = reinterpret_cast<uint16_t*>(slot + off) + static_cast<size_t>(first + t) * d;
+          for (size_t c = 0; c < d; ++c) dst[c] = FloatToHalf(row[c]);
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuSealer::DecodeTile(const uint8_t* block, bool fp16, int layer, int head,
+                                   float* keys, float* values) {
+  const size_t d = static_cast<size_t>(layout_.head_dim), n = layout_.tile_elems();
+  if (!fp16) {
+    return FromCodec(Codec::Default().DecodeTile(
+        preset_, layout_.head_dim, {block + layout_.RecordOffset(layer, head), layout_.record_bytes},
+        {keys, values, DType::kF32, Frame::kOriginal}));
+  }
+  const auto* k = reinterpret_cast<const uint16_t*>(block + layout_.Fp16KeysOffset(layer, head));
+  const auto* v = reinterpret_cast<const uint16_t*>(block + layout_.Fp16ValuesOffset(layer, head));
+  for (size_t i = 0; i < n; ++i) {
+    keys[i] = HalfToFloat(k[i]);
+    values[i] = HalfToFloat(v[i]);
+  }
+  if (preset_.rotates()) {
+    for (size_t t = 0; t < n / d; ++t) {
+      FwhtInPlace(keys + t * d, static_cast<int>(d));
+      FwhtInPlace(values + t * d, static_cast<int>(d));
+    }
+  }
+  return absl::OkStatus();
+}
+
+double CpuSealer::SampleError(const uint8_t* slot, const uint8_t* block, int layer, int head) {
+  const size_t n = layout_.tile_elems();
+  std::vector<float> k(n), v(n);
+  const CodecStatus s = Codec::Default().DecodeTile(
+      preset_, layout_.head_dim, {block + layout_.RecordOffset(layer, head), layout_.record_bytes},
+      {k.data(), v.data(), DType::kF32, Frame::kStorage});
+  if (!s.ok()) return -1.0;
+  const auto* ks = reinterpret_cast<const uint16_t*>(slot + layout_.Fp16KeysOffset(layer, head));
+  const auto* vs = reinterpret_cast<const uint16_t*>(slot + layout_.Fp16ValuesOffset(layer, head));
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double ek = k[i] - HalfToFloat(ks[i]), ev = v[i] - HalfToFloat(vs[i]);
+    num += ek * ek + ev * ev;
+    den += static_cast<double>(HalfToFloat(ks[i])) * HalfToFloat(ks[i]) +
+           static_cast<double>(HalfToFloat(vs[i])) * HalfToFloat(vs[i]);
+  }
+  return den > 0 ? std::sqrt(num / den) : 0.0;
+}
+
+}  // namespace kvarn

@@ -1,0 +1,286 @@
+// Append, fork and read: the calls whose data-plane work runs outside the core's lock.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/core/kv_core.h"
+
+namespace kvarn {
+
+// What phase A of an append decided, for phases B (unlocked work) and C (publish).
+struct KvCore::AppendPlan {
+  SessionId session = 0;
+  SequenceId seq = 0;
+  uint8_t* slot = nullptr;
+  int first = 0;  // first token position written by this append
+  int n = 0;
+  bool seal = false;
+  BlockClass cls = BlockClass::kQuant;
+  BlockHash hash{};
+  std::optional<BlockRef> parent;
+  uint32_t tenant = 0;
+  bool own_block = false;  // a kSealing block to fill; else `block` is an existing indexed one
+  BlockRef block;
+  std::vector<uint32_t> ids;
+};
+
+absl::StatusOr<AppendResult> KvCore::Append(SessionRef ref, SequenceId seq,
+                                            std::span<const uint32_t> token_ids) {
+  return AppendImpl(ref, seq, token_ids, nullptr, nullptr, DType::kF16);
+}
+
+absl::StatusOr<AppendResult> KvCore::AppendInline(SessionRef ref, SequenceId seq,
+                                                  std::span<const uint32_t> token_ids,
+                                                  const void* keys, const void* values, DType dtype) {
+  if (keys == nullptr || values == nullptr) return absl::InvalidArgumentError("inline append without K/V");
+  return AppendImpl(ref, seq, token_ids, keys, values, dtype);
+}
+
+absl::Status KvCore::PlanAppend(SessionRef ref, SequenceId seq, std::span<const uint32_t> ids,
+                                AppendPlan* plan) {
+  auto s = FindSession(ref);
+  if (!s.ok()) return s.status();
+  auto q = FindSequence(*s, seq);
+  if (!q.ok()) return q.status();
+  Sequence& sq = **q;
+  if (draining_) return absl::UnavailableError("draining: continue the sequence elsewhere");
+  if (sq.busy) return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " has another call in flight"));
+  const int g = preset_.tile_tokens;
+  const int room = g - static_cast<int>(sq.tail_tokens);
+  if (ids.empty()) return absl::InvalidArgumentError("append of 0 tokens");
+  if (static_cast<int64_t>(ids.size()) > room) {
+    return absl::InvalidArgumentError(absl::StrCat("append of ", ids.size(), " tokens goes past the tail: ", room,
+                                                   " of ", g, " tail positions are free"));
+  }
+  plan->session = (*s)->id;
+  plan->seq = seq;
+  plan->slot = SlotPtr(**s, sq.tail_slot);
+  plan->first = static_cast<int>(sq.tail_tokens);
+  plan->n = static_cast<int>(ids.size());
+  plan->seal = plan->n == room;
+  plan->tenant = (*s)->tenant;
+  if (plan->seal) {
+    const bool first_tile = sq.tokens + static_cast<uint64_t>(plan->n) == static_cast<uint64_t>(g);
+    plan->cls = first_tile && config_.model.sink_tokens > 0 ? BlockClass::kSink : BlockClass::kQuant;
+    plan->ids = sq.tail_ids;
+    plan->ids.insert(plan->ids.end(), ids.begin(), ids.end());
+    plan->hash = ChainHash(sq.last_hash, tenants_[(*s)->tenant].ns, plan->ids);
+    plan->parent = LastBlock(sq);
+    BlockPool& pool = pools_.pool(plan->cls);
+    if (const std::optional<uint32_t> hit = pool.Find(plan->hash)) {
+      // The same tile is cached already: adopt it (held now, so it cannot be evicted).
+      pool.Acquire(*hit, ++tick_);
+      plan->block = BlockRef{plan->cls, *hit};
+    } else {
+      const std::optional<uint32_t> id = AllocateBlock(plan->cls);
+      if (!id.has_value()) {
+        const BlockPool& p = pools_.pool(plan->cls);
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "no free ", plan->cls == BlockClass::kQuant ? "quantized" : "fp16 sink", " block: all ",
+            p.total(), " are referenced or reserved; release or preempt a sequence"));
+      }
+      plan->own_block = true;
+      plan->block = BlockRef{plan->cls, *id};
+    }
+    sq.pending = plan->block;
+  } else {
+    plan->ids.assign(ids.begin(), ids.end());
+  }
+  sq.busy = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AppendResult> KvCore::AppendImpl(SessionRef ref, SequenceId seq,
+                                                std::span<const uint32_t> token_ids,
+                                                const void* keys, const void* values, DType dtype) {
+  AppendPlan plan;
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = PlanAppend(ref, seq, token_ids, &plan); !s.ok()) return s;
+  }
+  // Phase B: the sequence is busy, so its slot and the kSealing block are ours alone.
+  absl::Status work;
+  const absl::Time start = clock_->Now();
+  if (keys != nullptr) work = sealer_->WriteTokens(plan.slot, plan.first, plan.n, keys, values, dtype);
+  if (work.ok()) work = sealer_->CheckTokens(plan.slot, plan.first, plan.n);
+  double sampled_error = -1.0;
+  if (work.ok() && plan.seal && plan.own_block) {
+    uint8_t* dst = BlockPtr(plan.block);
+    work = plan.cls == BlockClass::kSink ? sealer_->SealSink(plan.slot, dst) : sealer_->SealQuantized(plan.slot, dst);
+    if (work.ok() && plan.cls == BlockClass::kQuant && observer_ != nullptr && plan.block.id % 16 == 0) {
+      sampled_error = sealer_->SampleError(plan.slot, dst, static_cast<int>(plan.block.id / 16 % layout_.num_layers),
+                                           static_cast<int>(plan.block.id / 16 % layout_.num_kv_heads));
+    }
+    if (observer_ != nullptr && work.ok()) observer_->OnSeal(plan.cls == BlockClass::kSink, clock_->Now() - start);
+  }
+  if (sampled_error >= 0.0) observer_->OnQuantError(sampled_error);
+  absl::MutexLock lock(&mu_);
+  return FinishAppend(plan, work);
+}
+
+absl::StatusOr<AppendResult> KvCore::FinishAppend(const AppendPlan& plan, absl::Status work) {
+  Sequence& q = sequences_.at(plan.seq);
+  q.busy = false;
+  q.pending.reset();
+  BlockPool& pool = pools_.pool(plan.cls);
+  if (!work.ok()) {
+    if (plan.seal) {
+      if (plan.own_block) {
+        pool.Abort(plan.block.id);
+      } else {
+        pool.Release(plan.block.id, ++tick_);
+      }
+    }
+  } else if (plan.seal) {
+    BlockRef block = plan.block;
+    if (plan.own_block) {
+      if (const std::optional<uint32_t> dup = pool.Find(plan.hash)) {
+        // Another sequence sealed the same tile meanwhile: share that one.
+        pool.Abort(block.id);
+        pool.Acquire(*dup, ++tick_);
+        block.id = *dup;
+        ++counters_.dedup_seals;
+      } else {
+        pools_.Publish(block, plan.hash, plan.parent, plan.tenant);
+        BlockEvent e;
+        e.kind = BlockEvent::Kind::kStored;
+        e.hash = plan.hash;
+        e.parent_hash = q.last_hash;
+        e.block = block.id;
+        e.fp16 = block.cls == BlockClass::kSink;
+        e.tenant = plan.tenant;
+        events_.Append(e);
+        ++(block.cls == BlockClass::kSink ? counters_.sink_seals : counters_.seals);
+      }
+    } else {
+      ++counters_.dedup_seals;
+    }
+    if (block.cls == BlockClass::kSink) {
+      q.has_sink = true;
+      q.sink = block.id;
+    } else {
+      q.quant.push_back(block.id);
+    }
+    q.last_hash = plan.hash;
+    q.tail_tokens = 0;
+    q.tail_ids.clear();
+    q.tokens += static_cast<uint64_t>(plan.n);
+    ApplyWatermark(block.cls);
+  } else {
+    q.tail_tokens += static_cast<uint32_t>(plan.n);
+    q.tail_ids.insert(q.tail_ids.end(), plan.ids.begin(), plan.ids.end());
+    q.tokens += static_cast<uint64_t>(plan.n);
+  }
+  if (q.doomed) {
+    const SessionId session = q.session;
+    ReleaseSequence(q);
+    FinishSessionIfDone(session);
+    return absl::NotFoundError("the session ended while the append ran; its sequences are released");
+  }
+  if (!work.ok()) return work;
+  AppendResult r;
+  r.table = TableOf(q);
+  r.sealed = plan.seal;
+  return r;
+}
+
+absl::StatusOr<CreateResult> KvCore::Fork(SessionRef ref, SequenceId seq) {
+  uint8_t* src = nullptr;
+  uint8_t* dst = nullptr;
+  int tokens = 0;
+  SequenceId child_id = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto s = FindSession(ref);
+    if (!s.ok()) return s.status();
+    auto q = FindSequence(*s, seq);
+    if (!q.ok()) return q.status();
+    Session& session = **s;
+    Sequence& parent = **q;
+    if (draining_) return absl::UnavailableError("draining: fork elsewhere");
+    if (parent.busy) return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " has another call in flight"));
+    if (session.free_slots.empty()) {
+      return absl::ResourceExhaustedError(absl::StrCat("all ", session.slots, " tail slots of this session are in use; release a sequence"));
+    }
+    Sequence child = parent;
+    child.id = next_sequence_++;
+    child.tail_slot = session.free_slots.back();
+    session.free_slots.pop_back();
+    if (child.has_sink) pools_.pool(BlockClass::kSink).Acquire(child.sink, ++tick_);
+    for (uint32_t b : child.quant) pools_.pool(BlockClass::kQuant).Acquire(b, ++tick_);
+    src = SlotPtr(session, parent.tail_slot);
+    dst = SlotPtr(session, child.tail_slot);
+    tokens = static_cast<int>(parent.tail_tokens);
+    parent.busy = child.busy = true;
+    child_id = child.id;
+    session.sequences.insert(child.id);
+    sequences_.emplace(child.id, std::move(child));
+  }
+  const absl::Status copied = sealer_->CopyTail(src, dst, tokens);
+  absl::MutexLock lock(&mu_);
+  Sequence& parent = sequences_.at(seq);
+  Sequence& child = sequences_.at(child_id);
+  parent.busy = child.busy = false;
+  CreateResult r;
+  r.sequence = child_id;
+  r.cached_tokens = child.tokens;
+  r.table = TableOf(child);
+  const SessionId session = parent.session;
+  const bool doomed = parent.doomed;
+  if (!copied.ok() || doomed) ReleaseSequence(child);
+  if (doomed) {
+    ReleaseSequence(sequences_.at(seq));
+    FinishSessionIfDone(session);
+    return absl::NotFoundError("the session ended while the fork ran");
+  }
+  if (!copied.ok()) return copied;
+  return r;
+}
+
+absl::Status KvCore::Read(SessionRef ref, SequenceId seq, uint32_t layer, uint64_t start,
+                          uint32_t count, float* keys, float* values) {
+  absl::MutexLock lock(&mu_);
+  auto s = FindSession(ref);
+  if (!s.ok()) return s.status();
+  auto found = FindSequence(*s, seq);
+  if (!found.ok()) return found.status();
+  const Sequence& q = **found;
+  if (layer >= config_.model.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " out of range (", config_.model.num_layers, " layers)"));
+  }
+  if (count == 0 || count > config_.max_read_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("count must be in 1..", config_.max_read_tokens));
+  }
+  if (start > q.tokens || count > q.tokens - start) {
+    return absl::InvalidArgumentError(absl::StrCat("tokens [", start, ", ", start + count, ") beyond the sequence's ", q.tokens));
+  }
+  if (q.busy) return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " has a call in flight"));
+  const uint64_t g = static_cast<uint64_t>(preset_.tile_tokens);
+  const size_t d = layout_.head_dim, heads = layout_.num_kv_heads;
+  const uint64_t sealed = (q.has_sink ? 1 : 0) + q.quant.size();
+  std::vector<float> tk(layout_.tile_elems()), tv(layout_.tile_elems());
+  for (uint64_t tile = start / g; tile * g < start + count; ++tile) {
+    const uint8_t* src;
+    bool fp16 = true;
+    if (tile < sealed && q.has_sink && tile == 0) {
+      src = BlockPtr({BlockClass::kSink, q.sink});
+    } else if (tile < sealed) {
+      src = BlockPtr({BlockClass::kQuant, q.quant[tile - (q.has_sink ? 1 : 0)]});
+      fp16 = false;
+    } else {
+      src = SlotPtr(**s, q.tail_slot);
+    }
+    const uint64_t lo = std::max(start, tile * g), hi = std::min(start + count, (tile + 1) * g);
+    for (size_t h = 0; h < heads; ++h) {
+      absl::Status st = sealer_->DecodeTile(src, fp16, static_cast<int>(layer), static_cast<int>(h), tk.data(), tv.data());
+      if (!st.ok()) return st;
+      for (uint64_t t = lo; t < hi; ++t) {
+        const size_t out = ((t - start) * heads + h) * d, in = (t - tile * g) * d;
+        std::copy_n(tk.data() + in, d, keys + out);
+        std::copy_n(tv.data() + in, d, values + out);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvarn
