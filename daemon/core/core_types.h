@@ -158,7 +158,8 @@ struct SequenceStats {
   uint32_t tail_tokens = 0;
 };
 
-// Hooks for metrics; called without the core's lock held unless stated.
+// Hooks for metrics. OnEvict runs under the core's lock, so implementations must not call
+// back into the core; the others run without it.
 class CoreObserver {
  public:
   virtual ~CoreObserver() = default;

@@ -1,0 +1,251 @@
+#include "daemon/service/config.h"
+
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+namespace kvarn {
+namespace {
+
+struct Key {
+  const char* help;
+  std::function<absl::Status(const std::string&, DaemonConfig*)> set;
+};
+
+absl::Status Bad(const std::string& key, const std::string& value, const std::string& want) {
+  return absl::InvalidArgumentError(absl::StrCat(key, ": '", value, "' is not ", want));
+}
+
+template <typename T>
+Key UInt(const char* help, T CoreConfig::*field) {
+  return {help, [field, help](const std::string& v, DaemonConfig* c) {
+            uint64_t x;
+            if (!absl::SimpleAtoi(v, &x)) return Bad(help, v, "a non-negative integer");
+            c->core.*field = static_cast<T>(x);
+            return absl::OkStatus();
+          }};
+}
+
+template <typename T>
+Key ModelUInt(const char* help, T ModelConfig::*field) {
+  return {help, [field, help](const std::string& v, DaemonConfig* c) {
+            uint64_t x;
+            if (!absl::SimpleAtoi(v, &x) || x > 0xFFFFFFFFu) return Bad(help, v, "a non-negative integer");
+            c->core.model.*field = static_cast<T>(x);
+            return absl::OkStatus();
+          }};
+}
+
+Key Double(const char* help, double CoreConfig::*field) {
+  return {help, [field, help](const std::string& v, DaemonConfig* c) {
+            double x;
+            if (!absl::SimpleAtod(v, &x)) return Bad(help, v, "a number");
+            c->core.*field = x;
+            return absl::OkStatus();
+          }};
+}
+
+Key Millis(const char* help, absl::Duration CoreConfig::*field) {
+  return {help, [field, help](const std::string& v, DaemonConfig* c) {
+            int64_t x;
+            if (!absl::SimpleAtoi(v, &x) || x <= 0) return Bad(help, v, "a positive number of milliseconds");
+            c->core.*field = absl::Milliseconds(x);
+            return absl::OkStatus();
+          }};
+}
+
+Key Str(const char* help, std::string DaemonConfig::*field) {
+  return {help, [field](const std::string& v, DaemonConfig* c) {
+            c->*field = v;
+            return absl::OkStatus();
+          }};
+}
+
+Key Int(const char* help, int DaemonConfig::*field, int lo, int hi) {
+  return {help, [=](const std::string& v, DaemonConfig* c) {
+            int x;
+            if (!absl::SimpleAtoi(v, &x) || x < lo || x > hi) return Bad(help, v, absl::StrCat("an integer in ", lo, "..", hi));
+            c->*field = x;
+            return absl::OkStatus();
+          }};
+}
+
+const std::map<std::string, Key>& Keys() {
+  static const auto* keys = new std::map<std::string, Key>{
+      {"model_id", {"model id, part of the prefix-hash namespace (default model)", [](const std::string& v, DaemonConfig* c) {
+                      c->core.model.model_id = v;
+                      return absl::OkStatus();
+                    }}},
+      {"num_layers", ModelUInt("layers of the model (default 8)", &ModelConfig::num_layers)},
+      {"num_kv_heads", ModelUInt("kv-heads per layer (default 4)", &ModelConfig::num_kv_heads)},
+      {"head_dim", ModelUInt("head dimension: 64, 128, 256 or 512 (default 128)", &ModelConfig::head_dim)},
+      {"preset", {"codec preset (default kvarn_k4v2_g128)", [](const std::string& v, DaemonConfig* c) {
+                    c->core.model.preset = v;
+                    return absl::OkStatus();
+                  }}},
+      {"sink_tokens", ModelUInt("fp16 sink tokens: 0 or the tile size (default 128)", &ModelConfig::sink_tokens)},
+      {"capacity", {"pool bytes, e.g. 512MiB or 8GiB (default 256MiB)", [](const std::string& v, DaemonConfig* c) {
+                      auto b = ParseBytes(v);
+                      if (!b.ok()) return b.status();
+                      c->core.capacity_bytes = *b;
+                      return absl::OkStatus();
+                    }}},
+      {"fp16_share", Double("share of the capacity for fp16 sink blocks and tail slots (default 0.25)", &CoreConfig::fp16_share)},
+      {"high_watermark", Double("evict cached blocks above this share in use (default 0.95)", &CoreConfig::high_watermark)},
+      {"low_watermark", Double("... down to this share (default 0.90)", &CoreConfig::low_watermark)},
+      {"keepalive_ms", Millis("client keep-alive interval, ms (default 1000)", &CoreConfig::keepalive_interval)},
+      {"lease_ttl_ms", Millis("a session silent this long ends, ms (default 10000)", &CoreConfig::lease_ttl)},
+      {"grace_ms", Millis("after a session's stream breaks its sequences live this long, ms (default 2000)", &CoreConfig::grace)},
+      {"default_tail_slots", UInt("tail slots of a session that asks for 0 (default 16)", &CoreConfig::default_tail_slots)},
+      {"max_tail_slots", UInt("most tail slots one session may reserve (default 4096)", &CoreConfig::max_tail_slots)},
+      {"max_read_tokens", UInt("most tokens one Read returns (default 4096)", &CoreConfig::max_read_tokens)},
+      {"tenant_salt_secret", {"secret mixed into per-tenant prefix-hash salts (default empty)", [](const std::string& v, DaemonConfig* c) {
+                                c->core.tenant_salt_secret = v;
+                                return absl::OkStatus();
+                              }}},
+      {"share_across_tenants", {"true: tenants share prefix-cache entries (default false)", [](const std::string& v, DaemonConfig* c) {
+                                  if (v != "true" && v != "false") return Bad("share_across_tenants", v, "true or false");
+                                  c->core.share_across_tenants = v == "true";
+                                  return absl::OkStatus();
+                                }}},
+      {"admin_token", {"token granting admin operations (default none)", [](const std::string& v, DaemonConfig* c) {
+                         c->core.admin_token = v;
+                         return absl::OkStatus();
+                       }}},
+      {"admin_token_file", Str("write the admin token here at start, mode 0600", &DaemonConfig::admin_token_file)},
+      {"instance", Str("instance name; names shared-memory segments (default kvarnd)", &DaemonConfig::instance)},
+      {"backend", Str("host, cuda or auto (default host)", &DaemonConfig::backend)},
+      {"cuda_device", Int("CUDA device ordinal (default 0)", &DaemonConfig::cuda_device, 0, 63)},
+      {"listen", Str("Unix socket path, empty disables (default /tmp/kvarnd.sock)", &DaemonConfig::listen)},
+      {"tcp", Str("host:port for gRPC over TCP, empty disables (default empty)", &DaemonConfig::tcp)},
+      {"metrics", Str("host:port of the Prometheus /metrics endpoint, empty disables (default 127.0.0.1:9464)", &DaemonConfig::metrics)},
+      {"seal_threads", Int("threads quantizing one block (default 1)", &DaemonConfig::seal_threads, 1, 256)},
+      {"max_message_mb", Int("largest gRPC message accepted, MiB (default 64)", &DaemonConfig::max_message_mb, 1, 1024)},
+      {"log_level", Str("debug, info, warning or error (default info)", &DaemonConfig::log_level)},
+  };
+  return *keys;
+}
+
+absl::Status Apply(const std::string& key, const std::string& value, DaemonConfig* c) {
+  auto it = Keys().find(key);
+  if (it == Keys().end()) return absl::InvalidArgumentError(absl::StrCat("unknown setting '", key, "' (see kvarnd --help)"));
+  return it->second.set(value, c);
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> ParseBytes(const std::string& s) {
+  static const std::pair<const char*, uint64_t> kUnits[] = {
+      {"KiB", 1ull << 10}, {"MiB", 1ull << 20}, {"GiB", 1ull << 30}, {"TiB", 1ull << 40},
+      {"KB", 1000ull}, {"MB", 1000000ull}, {"GB", 1000000000ull}, {"B", 1}};
+  std::string num = s;
+  uint64_t mult = 1;
+  for (const auto& [unit, m] : kUnits) {
+    if (absl::EndsWith(s, unit)) {
+      num = s.substr(0, s.size() - std::string(unit).size());
+      mult = m;
+      break;
+    }
+  }
+  double x;
+  if (!absl::SimpleAtod(num, &x) || x <= 0 || x * static_cast<double>(mult) > 1.8e19) {
+    return absl::InvalidArgumentError(absl::StrCat("'", s, "' is not a size such as 512MiB"));
+  }
+  return static_cast<uint64_t>(x * static_cast<double>(mult));
+}
+
+absl::Status ApplyConfigText(const std::string& text, DaemonConfig* c) {
+  std::istringstream in(text);
+  std::string line;
+  int lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    absl::string_view l = absl::StripAsciiWhitespace(line);
+    if (l.empty() || l[0] == '#') continue;
+    const size_t eq = l.find('=');
+    if (eq == absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("line ", lineno, ": expected key = value"));
+    }
+    const std::string key(absl::StripAsciiWhitespace(l.substr(0, eq)));
+    const std::string value(absl::StripAsciiWhitespace(l.substr(eq + 1)));
+    if (absl::Status s = Apply(key, value, c); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("line ", lineno, ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DaemonConfig> ParseDaemonConfig(const std::vector<std::string>& args, bool* help) {
+  DaemonConfig c;
+  c.core.model.model_id = "model";
+  c.core.model.num_layers = 8;
+  c.core.model.num_kv_heads = 4;
+  c.core.model.head_dim = 128;
+  c.core.model.preset = "kvarn_k4v2_g128";
+  c.core.model.sink_tokens = 128;
+  c.core.capacity_bytes = 256ull << 20;
+  *help = false;
+  std::vector<std::pair<std::string, std::string>> flags;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string a = args[i];
+    if (a == "--help" || a == "-h") {
+      *help = true;
+      return c;
+    }
+    if (a.rfind("--", 0) != 0) return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", args[i], "'"));
+    a = a.substr(2);
+    std::string key = a, value;
+    if (const size_t eq = a.find('='); eq != std::string::npos) {
+      key = a.substr(0, eq);
+      value = a.substr(eq + 1);
+    } else if (i + 1 < args.size()) {
+      value = args[++i];
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("--", key, " needs a value"));
+    }
+    std::replace(key.begin(), key.end(), '-', '_');
+    flags.emplace_back(key, value);
+  }
+  for (const auto& [k, v] : flags) {
+    if (k != "config") continue;
+    std::ifstream f(v);
+    if (!f) return absl::InvalidArgumentError(absl::StrCat("cannot read config file ", v));
+    std::stringstream ss;
+    ss << f.rdbuf();
+    if (absl::Status s = ApplyConfigText(ss.str(), &c); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(v, ": ", s.message()));
+    }
+  }
+  for (const auto& [k, v] : flags) {
+    if (k == "config") continue;
+    if (absl::Status s = Apply(k, v, &c); !s.ok()) return s;
+  }
+  if (c.backend != "host" && c.backend != "cuda" && c.backend != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat("backend: '", c.backend, "' is not host, cuda or auto"));
+  }
+  if (c.listen.empty() && c.tcp.empty()) return absl::InvalidArgumentError("listen and tcp are both empty: nothing to serve on");
+  return c;
+}
+
+std::string DaemonHelp() {
+  std::string s =
+      "kvarnd: a KV-cache memory manager for LLM inference. It owns a pool of KVarN-quantized\n"
+      "KV blocks in shared memory, lends it to inference workers, and serves sequences,\n"
+      "prefix sharing and eviction over gRPC (kvarn.v1.KvCache), with Prometheus metrics.\n\n"
+      "usage: kvarnd [--config=FILE] [--key=value ...]\n\n"
+      "Settings (also valid as `key = value` lines in the config file; flags win):\n";
+  for (const auto& [k, v] : Keys()) absl::StrAppend(&s, "  --", k, "\n      ", v.help, "\n");
+  absl::StrAppend(&s, "  --config\n      a file of key = value lines, read before the other flags\n");
+  return s;
+}
+
+}  // namespace kvarn

@@ -1,0 +1,27 @@
+// Conversions between the wire types (kvarn.v1) and the core's types.
+#ifndef KVARN_DAEMON_SERVICE_CONVERT_H_
+#define KVARN_DAEMON_SERVICE_CONVERT_H_
+
+#include <grpcpp/support/status.h>
+
+#include "absl/status/status.h"
+#include "daemon/core/core_types.h"
+#include "daemon/core/events.h"
+#include "kvarn/v1/kvarn.pb.h"
+
+namespace kvarn {
+
+// absl and gRPC codes share their numbers.
+grpc::Status ToGrpc(const absl::Status& s);
+
+ModelConfig FromProto(const v1::ModelLayout& m);
+void ToProto(const ModelConfig& m, v1::ModelLayout* out);
+SessionRef FromProto(const v1::SessionRef& r);
+void ToProto(const BlockTableView& t, v1::BlockTable* out);
+void ToProto(const PoolView& p, const ModelConfig& model, v1::PoolDescription* out);
+void ToProto(const CoreStats& s, const std::string& preset, v1::StatsResponse* out);
+void ToProto(const BlockEvent& e, const std::string& tenant, v1::BlockEvent* out);
+
+}  // namespace kvarn
+
+#endif  // KVARN_DAEMON_SERVICE_CONVERT_H_

@@ -1,0 +1,328 @@
+#include "daemon/service/kv_service.h"
+
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/service/convert.h"
+#include "daemon/service/log.h"
+
+namespace kvarn {
+namespace {
+
+grpc::Status Invalid(const std::string& msg) { return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, msg); }
+
+std::span<const uint32_t> Ids(const google::protobuf::RepeatedField<uint32_t>& r) {
+  return std::span<const uint32_t>(r.data(), static_cast<size_t>(r.size()));
+}
+
+void FillAppend(const AppendResult& r, v1::AppendResponse* resp) {
+  ToProto(r.table, resp->mutable_table());
+  resp->set_sealed(r.sealed);
+}
+
+}  // namespace
+
+KvService::KvService(KvCore* core, Options options, RpcObserver* observer)
+    : core_(core), options_(options), observer_(observer) {}
+
+template <typename F>
+grpc::Status KvService::Timed(std::string_view method, F&& body) {
+  const absl::Time start = absl::Now();
+  grpc::Status s = body();
+  if (observer_ != nullptr) observer_->OnRpc(method, s.error_code(), absl::Now() - start);
+  return s;
+}
+
+// The session's lease. The first message attaches the stream to the session; each one is a
+// heartbeat answered with the epoch; the stream's end (client exit, crash, network loss)
+// detaches it and starts the grace period.
+class KvService::KeepAliveReactor final
+    : public grpc::ServerBidiReactor<v1::KeepAliveRequest, v1::KeepAliveResponse> {
+ public:
+  explicit KeepAliveReactor(KvCore* core) : core_(core) { StartRead(&request_); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    const SessionRef ref = FromProto(request_.session());
+    absl::Status s;
+    if (!attached_) {
+      s = core_->AttachStream(ref);
+      if (s.ok()) {
+        attached_ = true;
+        session_ = ref.session;
+      }
+    } else if (ref.session != session_) {
+      s = absl::InvalidArgumentError("a keep-alive stream serves one session");
+    } else {
+      s = core_->KeepAlive(ref);
+    }
+    if (!s.ok()) {
+      Finish(ToGrpc(s));
+      return;
+    }
+    response_.set_epoch(core_->epoch());
+    response_.set_server_time_ms(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
+    StartWrite(&response_);
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    StartRead(&request_);
+  }
+  void OnDone() override {
+    if (attached_) core_->DetachStream(session_);
+    delete this;
+  }
+
+ private:
+  KvCore* core_;
+  v1::KeepAliveRequest request_;
+  v1::KeepAliveResponse response_;
+  bool attached_ = false;
+  SessionId session_ = 0;
+};
+
+grpc::ServerBidiReactor<v1::KeepAliveRequest, v1::KeepAliveResponse>* KvService::KeepAlive(
+    grpc::CallbackServerContext*) {
+  return new KeepAliveReactor(core_);
+}
+
+grpc::Status KvService::OpenSession(grpc::ServerContext* ctx, const v1::OpenSessionRequest* req,
+                                    v1::OpenSessionResponse* resp) {
+  return Timed("OpenSession", [&] {
+    OpenParams p;
+    p.tenant = req->tenant();
+    p.layout = FromProto(req->layout());
+    p.max_sequences = req->max_sequences();
+    p.admin_token = req->admin_token();
+    p.client_name = req->client_name();
+    auto r = core_->OpenSession(p);
+    if (!r.ok()) {
+      Log(LogLevel::kWarning, "session_refused", {{"tenant", p.tenant}, {"peer", ctx->peer()}, {"reason", r.status().ToString()}});
+      return ToGrpc(r.status());
+    }
+    resp->set_session_id(r->session);
+    ToProto(r->pool, core_->config().model, resp->mutable_pool());
+    resp->set_keepalive_interval_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(core_->config().keepalive_interval)));
+    resp->set_lease_ttl_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(core_->config().lease_ttl)));
+    resp->set_grace_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(core_->config().grace)));
+    Log(LogLevel::kInfo, "session_open", {{"session", r->session}, {"tenant", p.tenant}, {"client", p.client_name},
+                                          {"tail_slots", r->pool.tail_slots}});
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status KvService::CloseSession(grpc::ServerContext*, const v1::CloseSessionRequest* req,
+                                     v1::CloseSessionResponse* resp) {
+  return Timed("CloseSession", [&] {
+    auto r = core_->CloseSession(FromProto(req->session()));
+    if (!r.ok()) return ToGrpc(r.status());
+    resp->set_released_sequences(*r);
+    Log(LogLevel::kInfo, "session_close", {{"session", req->session().session_id()}, {"released", *r}});
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status KvService::CreateSequence(grpc::ServerContext*, const v1::CreateSequenceRequest* req,
+                                       v1::CreateSequenceResponse* resp) {
+  return Timed("CreateSequence", [&] {
+    auto r = core_->CreateSequence(FromProto(req->session()), Ids(req->prompt_tokens()));
+    if (!r.ok()) return ToGrpc(r.status());
+    resp->set_sequence_id(r->sequence);
+    resp->set_cached_tokens(r->cached_tokens);
+    ToProto(r->table, resp->mutable_table());
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status KvService::Append(grpc::ServerContext*, const v1::AppendRequest* req, v1::AppendResponse* resp) {
+  return Timed("Append", [&] {
+    auto r = core_->Append(FromProto(req->session()), req->sequence_id(), Ids(req->token_ids()));
+    if (!r.ok()) return ToGrpc(r.status());
+    FillAppend(*r, resp);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status KvService::AppendBatch(grpc::ServerContext*, const v1::AppendBatchRequest* req,
+                                    v1::AppendBatchResponse* resp) {
+  return Timed("AppendBatch", [&] {
+    if (static_cast<uint32_t>(req->items_size()) > options_.max_batch) {
+      return Invalid(absl::StrCat("batch of ", req->items_size(), " items exceeds ", options_.max_batch));
+    }
+    const SessionRef ref = FromProto(req->session());
+    for (const v1::AppendRequest& item : req->items()) {
+      auto* out = resp->add_items();
+      auto r = core_->Append(ref, item.sequence_id(), Ids(item.token_ids()));
+      out->set_code(static_cast<int>(r.status().code()));
+      if (!r.ok()) {
+        out->set_message(std::string(r.status().message()));
+        continue;
+      }
+      FillAppend(*r, out->mutable_result());
+    }
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status KvService::AppendInline(grpc::ServerContext*, const v1::AppendInlineRequest* req,
+                                     v1::AppendResponse* resp) {
+  return Timed("AppendInline", [&] {
+    const BlockLayout& l = core_->layout();
+    size_t elem = 0;
+    DType dtype = DType::kF16;
+    if (req->dtype() == v1::AppendInlineRequest::DTYPE_F16) {
+      elem = 2;
+    } else if (req->dtype() == v1::AppendInlineRequest::DTYPE_F32) {
+      elem = 4;
+      dtype = DType::kF32;
+    } else {
+      return Invalid("dtype must be DTYPE_F16 or DTYPE_F32");
+    }
+    const size_t n = static_cast<size_t>(req->token_ids_size());
+    const size_t want = n * l.slots() * static_cast<size_t>(l.head_dim) * elem;
+    if (req->keys().size() + req->values().size() > options_.max_inline_bytes) {
+      return Invalid(absl::StrCat("inline K/V of ", req->keys().size() + req->values().size(), " bytes exceeds ", options_.max_inline_bytes));
+    }
+    if (req->keys().size() != want || req->values().size() != want) {
+      return Invalid(absl::StrCat("keys and values must be ", want, " bytes each for ", n, " tokens of ", l.num_layers, " layers x ",
+                                  l.num_kv_heads, " kv-heads x ", l.head_dim, " channels; got ", req->keys().size(), " and ",
+                                  req->values().size()));
+    }
+    // Protobuf strings carry no alignment guarantee: copy into aligned storage.
+    std::vector<uint32_t> k((want + 3) / 4), v((want + 3) / 4);
+    std::memcpy(k.data(), req->keys().data(), want);
+    std::memcpy(v.data(), req->values().data(), want);
+    auto r = core_->AppendInline(FromProto(req->session()), req->sequence_id(), Ids(req->token_ids()), k.data(), v.data(), dtype);
+    if (!r.ok()) return ToGrpc(r.status());
+    FillAppend(*r, resp);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status KvService::Fork(grpc::ServerContext*, const v1::ForkRequest* req, v1::ForkResponse* resp) {
+  return Timed("Fork", [&] {
+    auto r = core_->Fork(FromProto(req->session()), req->sequence_id());
+    if (!r.ok()) return ToGrpc(r.status());
+    resp->set_sequence_id(r->sequence);
+    ToProto(r->table, resp->mutable_table());
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status KvService::Release(grpc::ServerContext*, const v1::ReleaseRequest* req, v1::ReleaseResponse* resp) {
+  return Timed("Release", [&] {
+    std::vector<SequenceId> ids(req->sequence_ids().begin(), req->sequence_ids().end());
+    auto r = core_->Release(FromProto(req->session()), ids);
+    if (!r.ok()) return ToGrpc(r.status());
+    resp->set_released(*r);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status KvService::Lookup(grpc::ServerContext*, const v1::LookupRequest* req, v1::LookupResponse* resp) {
+  return Timed("Lookup", [&] {
+    auto r = core_->Lookup(FromProto(req->session()), Ids(req->prompt_tokens()));
+    if (!r.ok()) return ToGrpc(r.status());
+    resp->set_cached_tokens(*r);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status KvService::Read(grpc::ServerContext*, const v1::ReadRequest* req, v1::ReadResponse* resp) {
+  return Timed("Read", [&] {
+    const BlockLayout& l = core_->layout();
+    if (req->count() == 0 || req->count() > core_->config().max_read_tokens) {
+      return Invalid(absl::StrCat("count must be in 1..", core_->config().max_read_tokens));
+    }
+    const size_t n = static_cast<size_t>(req->count()) * l.num_kv_heads * l.head_dim;
+    resp->mutable_keys()->Resize(static_cast<int>(n), 0.0f);
+    resp->mutable_values()->Resize(static_cast<int>(n), 0.0f);
+    absl::Status s = core_->Read(FromProto(req->session()), req->sequence_id(), req->layer(), req->start(), req->count(),
+                                 resp->mutable_keys()->mutable_data(), resp->mutable_values()->mutable_data());
+    if (!s.ok()) {
+      resp->Clear();
+      return ToGrpc(s);
+    }
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status KvService::Evict(grpc::ServerContext*, const v1::EvictRequest* req, v1::EvictResponse* resp) {
+  return Timed("Evict", [&] {
+    EvictScope scope;
+    switch (req->scope()) {
+      case v1::EvictRequest::SCOPE_TENANT: scope = EvictScope::kTenant; break;
+      case v1::EvictRequest::SCOPE_BYTES: scope = EvictScope::kBytes; break;
+      case v1::EvictRequest::SCOPE_ALL: scope = EvictScope::kAll; break;
+      default: return Invalid("scope must be SCOPE_TENANT, SCOPE_BYTES or SCOPE_ALL");
+    }
+    if (scope == EvictScope::kBytes && req->bytes() == 0) return Invalid("SCOPE_BYTES needs bytes > 0");
+    auto r = core_->Evict(FromProto(req->session()), scope, req->bytes(), req->tenant());
+    if (!r.ok()) return ToGrpc(r.status());
+    resp->set_blocks(r->blocks);
+    resp->set_bytes(r->bytes);
+    Log(LogLevel::kInfo, "evict_request", {{"session", req->session().session_id()}, {"blocks", r->blocks}, {"bytes", r->bytes}});
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status KvService::Stats(grpc::ServerContext*, const v1::StatsRequest* req, v1::StatsResponse* resp) {
+  return Timed("Stats", [&] {
+    auto r = core_->Stats(FromProto(req->session()));
+    if (!r.ok()) return ToGrpc(r.status());
+    ToProto(*r, core_->preset().Name(), resp);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status KvService::ListSequences(grpc::ServerContext*, const v1::ListSequencesRequest* req,
+                                      v1::ListSequencesResponse* resp) {
+  return Timed("ListSequences", [&] {
+    auto r = core_->ListSequences(FromProto(req->session()));
+    if (!r.ok()) return ToGrpc(r.status());
+    for (const SequenceStats& q : *r) {
+      auto* o = resp->add_sequences();
+      o->set_sequence_id(q.id);
+      o->set_session_id(q.session);
+      o->set_tenant(q.tenant);
+      o->set_tokens(q.tokens);
+      o->set_quant_blocks(q.quant_blocks);
+      o->set_has_sink(q.has_sink);
+      o->set_tail_tokens(q.tail_tokens);
+    }
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status KvService::Watch(grpc::ServerContext* ctx, const v1::WatchRequest* req,
+                              grpc::ServerWriter<v1::BlockEvent>* writer) {
+  const SessionRef ref = FromProto(req->session());
+  auto scope = core_->WatchScope(ref);
+  if (!scope.ok()) return ToGrpc(scope.status());
+  const auto [all, tenant] = *scope;
+  uint64_t after = core_->events().last_seq();  // new events only
+  v1::BlockEvent out;
+  while (!ctx->IsCancelled() && !stopping_.load()) {
+    // The stream ends with its session (closed, expired, or the daemon restarted).
+    if (auto alive = core_->WatchScope(ref); !alive.ok()) return ToGrpc(alive.status());
+    bool lost = false;
+    const std::vector<BlockEvent> events = core_->events().Read(after, 256, options_.watch_poll, &lost);
+    if (lost) return grpc::Status(grpc::StatusCode::DATA_LOSS, "watcher fell behind the event log; re-sync and watch again");
+    for (const BlockEvent& e : events) {
+      after = e.seq;
+      if (!all && e.tenant != tenant) continue;
+      ToProto(e, core_->TenantName(e.tenant), &out);
+      if (!writer->Write(out)) return grpc::Status::OK;  // client went away
+    }
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace kvarn

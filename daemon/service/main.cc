@@ -1,0 +1,43 @@
+// kvarnd: the KV-cache daemon. See `kvarnd --help`.
+#include <signal.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "daemon/service/config.h"
+#include "daemon/service/log.h"
+#include "daemon/service/server.h"
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  bool help = false;
+  auto config = kvarn::ParseDaemonConfig(args, &help);
+  if (help) {
+    std::fputs(kvarn::DaemonHelp().c_str(), stdout);
+    return 0;
+  }
+  if (!config.ok()) {
+    std::fprintf(stderr, "kvarnd: %s\n", std::string(config.status().message()).c_str());
+    return 2;
+  }
+  // SIGTERM/SIGINT are taken synchronously by this thread; every other thread blocks them.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto server = kvarn::Server::Start(*config);
+  if (!server.ok()) {
+    kvarn::Log(kvarn::LogLevel::kError, "kvarnd_start_failed", {{"error", server.status().ToString()}});
+    return 1;
+  }
+  int sig = 0;
+  sigwait(&stop, &sig);
+  kvarn::Log(kvarn::LogLevel::kInfo, "signal", {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"}});
+  (*server)->Shutdown();
+  server->reset();
+  return 0;
+}

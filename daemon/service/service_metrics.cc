@@ -1,0 +1,171 @@
+#include "daemon/service/service_metrics.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace kvarn {
+namespace {
+
+const char* ReasonName(EvictReason r) {
+  switch (r) {
+    case EvictReason::kAllocation: return "allocation";
+    case EvictReason::kWatermark: return "watermark";
+    case EvictReason::kRequest: return "request";
+    case EvictReason::kSession: return "session";
+  }
+  return "unknown";
+}
+
+const char* CodeName(grpc::StatusCode c) {
+  switch (c) {
+    case grpc::StatusCode::OK: return "OK";
+    case grpc::StatusCode::CANCELLED: return "CANCELLED";
+    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
+    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
+    case grpc::StatusCode::DATA_LOSS: return "DATA_LOSS";
+    default: return "OTHER";
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(metrics::Registry* registry) {
+  std::unique_ptr<ServiceMetrics> m(new ServiceMetrics(registry));
+  auto latency = metrics::ExponentialBuckets(50e-6, 2.0, 18);  // 50 us .. 6.5 s
+  if (!latency.ok()) return latency.status();
+  auto seal = registry->AddHistogram("kvarn_seal_duration_seconds",
+                                     "Time to seal a full tail: quantize it (quant) or copy it (sink), every layer and kv-head.",
+                                     *latency, {"kind"});
+  if (!seal.ok()) return seal.status();
+  m->seal_seconds_ = *seal;
+  auto ev = registry->AddCounter("kvarn_evictions_total", "Cached blocks evicted, by reason.", {"reason"});
+  if (!ev.ok()) return ev.status();
+  m->evictions_ = *ev;
+  for (EvictReason r : {EvictReason::kAllocation, EvictReason::kWatermark, EvictReason::kRequest}) {
+    m->evictions_->WithLabels({ReasonName(r)});
+  }
+  auto err = registry->AddHistogram("kvarn_sampled_quantization_error_ratio",
+                                    "Relative L2 error of sampled freshly sealed tiles against their fp16 source.",
+                                    {0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0});
+  if (!err.ok()) return err.status();
+  m->quant_error_ = *err;
+  auto rpc = registry->AddHistogram("kvarn_rpc_duration_seconds", "gRPC handler latency, by method.", *latency, {"method"});
+  if (!rpc.ok()) return rpc.status();
+  m->rpc_seconds_ = *rpc;
+  auto rpct = registry->AddCounter("kvarn_rpc_requests_total", "gRPC calls handled, by method and status code.", {"method", "code"});
+  if (!rpct.ok()) return rpct.status();
+  m->rpc_total_ = *rpct;
+  return m;
+}
+
+CoreStats ServiceMetrics::Snapshot() const {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  if (now - cached_at_ > absl::Milliseconds(100)) {
+    auto s = core_->Stats(std::nullopt);
+    if (s.ok()) cached_ = *std::move(s);
+    cached_at_ = now;
+  }
+  return cached_;
+}
+
+absl::Status ServiceMetrics::Bind(const KvCore* core) {
+  core_ = core;
+  using metrics::CallbackFamily;
+  const auto gauge = [&](const char* name, const char* help, std::vector<std::string> labels) {
+    return registry_->AddCallbackGauge(name, help, std::move(labels));
+  };
+  const auto counter = [&](const char* name, const char* help, std::vector<std::string> labels) {
+    return registry_->AddCallbackCounter(name, help, std::move(labels));
+  };
+  auto capacity = gauge("kvarn_pool_capacity_bytes", "Pool memory by block class: quantized tiles, fp16 (sink tiles and tail slots), and the total.", {"class"});
+  if (!capacity.ok()) return capacity.status();
+  (*capacity)->SetCallback({"quant"}, [this] { return static_cast<double>(Snapshot().quant_capacity_bytes); }).IgnoreError();
+  (*capacity)->SetCallback({"fp16"}, [this] { return static_cast<double>(Snapshot().fp16_capacity_bytes); }).IgnoreError();
+  (*capacity)->SetCallback({"total"}, [this] { return static_cast<double>(Snapshot().capacity_bytes); }).IgnoreError();
+
+  auto bytes = gauge("kvarn_pool_bytes", "Pool memory by block state: free, active (referenced), cached (unreferenced, kept for prefix hits), fp16 (sink blocks and reserved tail slots).", {"state"});
+  if (!bytes.ok()) return bytes.status();
+  (*bytes)->SetCallback({"active"}, [this] { return static_cast<double>(Snapshot().ActiveBytes()); }).IgnoreError();
+  (*bytes)->SetCallback({"cached"}, [this] { return static_cast<double>(Snapshot().CachedBytes()); }).IgnoreError();
+  (*bytes)->SetCallback({"fp16"}, [this] { return static_cast<double>(Snapshot().Fp16Bytes()); }).IgnoreError();
+  (*bytes)->SetCallback({"free"}, [this] {
+    const CoreStats s = Snapshot();
+    return static_cast<double>(s.capacity_bytes - std::min(s.capacity_bytes, s.UsedBytes()));
+  }).IgnoreError();
+
+  auto blocks = gauge("kvarn_pool_blocks", "Blocks by class and state.", {"class", "state"});
+  if (!blocks.ok()) return blocks.status();
+  const struct {
+    const char* cls;
+    const char* state;
+    uint32_t CoreStats::*field;
+  } block_series[] = {
+      {"quant", "free", &CoreStats::quant_free},     {"quant", "active", &CoreStats::quant_active},
+      {"quant", "cached", &CoreStats::quant_cached}, {"quant", "sealing", &CoreStats::quant_sealing},
+      {"sink", "free", &CoreStats::sink_free},       {"sink", "active", &CoreStats::sink_active},
+      {"sink", "cached", &CoreStats::sink_cached},   {"sink", "sealing", &CoreStats::sink_sealing}};
+  for (const auto& b : block_series) {
+    const auto field = b.field;
+    (*blocks)->SetCallback({b.cls, b.state}, [this, field] { return static_cast<double>(Snapshot().*field); }).IgnoreError();
+  }
+
+  auto usage = gauge("kvarn_pool_usage_ratio", "Share of the pool capacity in use (active, cached and fp16 blocks); 1 means full.", {});
+  if (!usage.ok()) return usage.status();
+  (*usage)->SetCallback({}, [this] {
+    const CoreStats s = Snapshot();
+    return s.capacity_bytes ? static_cast<double>(s.UsedBytes()) / static_cast<double>(s.capacity_bytes) : 0.0;
+  }).IgnoreError();
+
+  auto queried = counter("kvarn_prefix_cache_queried_tokens_total", "Prompt tokens looked up in the prefix cache by CreateSequence.", {});
+  if (!queried.ok()) return queried.status();
+  (*queried)->SetCallback({}, [this] { return static_cast<double>(Snapshot().prefix_queried_tokens); }).IgnoreError();
+  auto hit = counter("kvarn_prefix_cache_hit_tokens_total", "Prompt tokens served from the prefix cache.", {});
+  if (!hit.ok()) return hit.status();
+  (*hit)->SetCallback({}, [this] { return static_cast<double>(Snapshot().prefix_hit_tokens); }).IgnoreError();
+
+  auto seals = counter("kvarn_seals_total", "Tiles sealed: quantized (quant), kept fp16 (sink), or shared with an identical cached tile (dedup).", {"kind"});
+  if (!seals.ok()) return seals.status();
+  (*seals)->SetCallback({"quant"}, [this] { return static_cast<double>(Snapshot().seals); }).IgnoreError();
+  (*seals)->SetCallback({"sink"}, [this] { return static_cast<double>(Snapshot().sink_seals); }).IgnoreError();
+  (*seals)->SetCallback({"dedup"}, [this] { return static_cast<double>(Snapshot().dedup_seals); }).IgnoreError();
+
+  auto sessions = gauge("kvarn_sessions", "Open client sessions.", {});
+  if (!sessions.ok()) return sessions.status();
+  (*sessions)->SetCallback({}, [this] { return static_cast<double>(Snapshot().sessions); }).IgnoreError();
+  auto sequences = gauge("kvarn_sequences", "Live sequences.", {});
+  if (!sequences.ok()) return sequences.status();
+  (*sequences)->SetCallback({}, [this] { return static_cast<double>(Snapshot().sequences); }).IgnoreError();
+  auto expired = counter("kvarn_sessions_expired_total", "Sessions ended by their lease (stream lost past the grace period, or silent past the TTL).", {});
+  if (!expired.ok()) return expired.status();
+  (*expired)->SetCallback({}, [this] { return static_cast<double>(Snapshot().sessions_expired); }).IgnoreError();
+
+  const Preset& p = core->preset();
+  const double ratio = 16.0 / p.BitsPerElement(core->layout().head_dim);
+  auto compression = gauge("kvarn_compression_ratio", "fp16 bytes over stored bytes of a sealed tile for the pool's preset, metadata included.", {"preset"});
+  if (!compression.ok()) return compression.status();
+  (*compression)->SetCallback({p.Name()}, [ratio] { return ratio; }).IgnoreError();
+  return absl::OkStatus();
+}
+
+void ServiceMetrics::OnSeal(bool fp16, absl::Duration latency) {
+  seal_seconds_->WithLabels({fp16 ? "sink" : "quant"}).Observe(absl::ToDoubleSeconds(latency));
+}
+
+void ServiceMetrics::OnEvict(EvictReason reason, uint32_t blocks) {
+  evictions_->WithLabels({ReasonName(reason)}).Increment(blocks);
+}
+
+void ServiceMetrics::OnQuantError(double relative_l2) { quant_error_->WithLabels({}).Observe(relative_l2); }
+
+void ServiceMetrics::OnRpc(std::string_view method, grpc::StatusCode code, absl::Duration latency) {
+  const absl::string_view m(method.data(), method.size());
+  rpc_seconds_->WithLabels({m}).Observe(absl::ToDoubleSeconds(latency));
+  rpc_total_->WithLabels({m, CodeName(code)}).Increment();
+}
+
+}  // namespace kvarn

@@ -1,0 +1,50 @@
+// kvarnd's Prometheus metrics (DESIGN.md "Metrics"): pool capacity and bytes by block state,
+// usage ratio, prefix-cache queried and hit tokens, evictions by reason, seals and their
+// latency, sampled quantization error, sessions and sequences, compression ratio, and RPC
+// latency by method. Gauges are read from the core at scrape time, so they cannot drift.
+#ifndef KVARN_DAEMON_SERVICE_SERVICE_METRICS_H_
+#define KVARN_DAEMON_SERVICE_SERVICE_METRICS_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/core/kv_core.h"
+#include "daemon/metrics/registry.h"
+#include "daemon/service/kv_service.h"
+
+namespace kvarn {
+
+class ServiceMetrics final : public CoreObserver, public RpcObserver {
+ public:
+  // Registers the families; Bind must follow once the core exists.
+  static absl::StatusOr<std::unique_ptr<ServiceMetrics>> Create(metrics::Registry* registry);
+  // Installs the scrape-time gauges reading `core`, which must outlive the registry's use.
+  absl::Status Bind(const KvCore* core);
+
+  void OnSeal(bool fp16, absl::Duration latency) override;
+  void OnEvict(EvictReason reason, uint32_t blocks) override;
+  void OnQuantError(double relative_l2) override;
+  void OnRpc(std::string_view method, grpc::StatusCode code, absl::Duration latency) override;
+
+ private:
+  explicit ServiceMetrics(metrics::Registry* registry) : registry_(registry) {}
+  // The core's stats, at most 100 ms old: one scrape reads many gauges.
+  CoreStats Snapshot() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  metrics::Registry* registry_;
+  const KvCore* core_ = nullptr;
+  metrics::HistogramFamily* seal_seconds_ = nullptr;
+  metrics::CounterFamily* evictions_ = nullptr;
+  metrics::HistogramFamily* quant_error_ = nullptr;
+  metrics::HistogramFamily* rpc_seconds_ = nullptr;
+  metrics::CounterFamily* rpc_total_ = nullptr;
+  mutable absl::Mutex mu_;
+  mutable CoreStats cached_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Time cached_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+};
+
+}  // namespace kvarn
+
+#endif  // KVARN_DAEMON_SERVICE_SERVICE_METRICS_H_
