@@ -16,6 +16,7 @@
 #include <span>
 #include <string_view>
 
+#include "kernels/block_layout.h"
 #include "kernels/preset.h"
 #include "kernels/status.h"
 
@@ -90,6 +91,14 @@ class Codec {
   CodecStatus AttendDecode(const Preset& preset, int head_dim, const float* queries,
                            int num_queries, const SequenceView& seq, float* out,
                            float softmax_scale = 0.0f) const;
+
+  // Rotates n tokens of original-frame K/V, laid out [n][num_layers][num_kv_heads][head_dim]
+  // (f32 or fp16 bits), into the storage frame and writes them as fp16 into an fp16 slot
+  // (BlockLayout: keys [G][D] then values [G][D] per layer and kv-head) at token `first`:
+  // what a worker does with new tokens before committing them. Writes nothing when the input
+  // holds NaN, Inf or values beyond the fp16 range, or [first, first + n) leaves the tile.
+  CodecStatus StoreTokens(const Preset& preset, const BlockLayout& layout, uint8_t* slot, int first,
+                          int n, const void* keys, const void* values, DType dtype) const;
 
   struct Kernels;  // the implementation's entry points, defined by each implementation
 

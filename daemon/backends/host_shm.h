@@ -3,7 +3,7 @@
 // Segments are created by the daemon only, mode 0600, named
 //   kvarnd.<instance>.<pid>.<16 random hex digits>.<kind>
 // so a client can map them (read-only for pool blocks, read-write for its own tail slots)
-// and a restarted daemon can recognise what a dead predecessor left behind: a segment of its
+// (client/lib/shm_mapping.h) and a restarted daemon can recognise what a dead predecessor left behind: a segment of its
 // instance whose pid is no longer a running kvarnd is removed at start, never reused.
 #ifndef KVARN_DAEMON_BACKENDS_HOST_SHM_H_
 #define KVARN_DAEMON_BACKENDS_HOST_SHM_H_
@@ -32,25 +32,6 @@ class HostShmBackend final : public MemoryBackend {
  private:
   explicit HostShmBackend(std::string instance) : instance_(std::move(instance)) {}
   std::string instance_;
-};
-
-// A client's mapping of a daemon segment; unmapped on destruction. Move-only.
-class ShmMapping {
- public:
-  static absl::StatusOr<ShmMapping> Open(const std::string& name, size_t bytes, bool writable);
-  ShmMapping(ShmMapping&& other) noexcept;
-  ShmMapping& operator=(ShmMapping&& other) noexcept;
-  ShmMapping(const ShmMapping&) = delete;
-  ShmMapping& operator=(const ShmMapping&) = delete;
-  ~ShmMapping();
-
-  uint8_t* data() const { return data_; }
-  size_t size() const { return size_; }
-
- private:
-  ShmMapping(uint8_t* data, size_t size) : data_(data), size_(size) {}
-  uint8_t* data_ = nullptr;
-  size_t size_ = 0;
 };
 
 }  // namespace kvarn

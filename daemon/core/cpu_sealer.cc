@@ -135,41 +135,7 @@ absl::Status CpuSealer::CopyTail(const uint8_t* src, uint8_t* dst, int tokens) {
 
 absl::Status CpuSealer::WriteTokens(uint8_t* slot, int first, int n, const void* keys,
                                     const void* values, DType dtype) {
-  const size_t d = static_cast<size_t>(layout_.head_dim);
-  const size_t per_token = layout_.slots() * d;
-  const size_t total = static_cast<size_t>(n) * per_token;
-  const auto value_at = [&](const void* src, size_t i) {
-    return dtype == DType::kF32 ? static_cast<const float*>(src)[i]
-                                : HalfToFloat(static_cast<const uint16_t*>(src)[i]);
-  };
-  for (int which = 0; which < 2; ++which) {
-    const void* src = which == 0 ? keys : values;
-    for (size_t i = 0; i < total; ++i) {
-      const float x = value_at(src, i);
-      if (!(std::fabs(x) <= 65504.0f)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            which == 0 ? "keys" : "values", " of token ", i / per_token, " (layer ",
-            (i % per_token) / d / layout_.num_kv_heads, ", kv-head ", (i / d) % layout_.num_kv_heads,
-            ") hold NaN, Inf or a value beyond the fp16 range"));
-      }
-    }
-  }
-  std::vector<float> row(d);
-  for (int t = 0; t < n; ++t) {
-    for (int l = 0; l < layout_.num_layers; ++l) {
-      for (int h = 0; h < layout_.num_kv_heads; ++h) {
-        const size_t src_off = (static_cast<size_t>(t) * layout_.slots() + layout_.slot(l, h)) * d;
-        for (int which = 0; which < 2; ++which) {
-          for (size_t c = 0; c < d; ++c) row[c] = value_at(which == 0 ? keys : values, src_off + c);
-          if (preset_.rotates()) FwhtInPlace(row.data(), static_cast<int>(d));
-          const size_t off = which == 0 ? layout_.Fp16KeysOffset(l, h) : layout_.Fp16ValuesOffset(l, h);
-          auto* dst = reinterpret_cast<uint16_t*>(slot + off) + static_cast<size_t>(first + t) * d;
-          for (size_t c = 0; c < d; ++c) dst[c] = FloatToHalf(row[c]);
-        }
-      }
-    }
-  }
-  return absl::OkStatus();
+  return FromCodec(Codec::Default().StoreTokens(preset_, layout_, slot, first, n, keys, values, dtype));
 }
 
 absl::Status CpuSealer::DecodeTile(const uint8_t* block, bool fp16, int layer, int head,

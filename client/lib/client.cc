@@ -1,0 +1,451 @@
+#include "client/lib/client.h"
+
+#include <grpcpp/create_channel.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvarn {
+namespace {
+
+SequenceTable FromProto(const v1::BlockTable& t) {
+  SequenceTable s;
+  s.tokens = t.tokens();
+  s.has_sink = t.has_sink();
+  s.sink_block = t.sink_block();
+  s.quant_blocks.assign(t.quant_blocks().begin(), t.quant_blocks().end());
+  s.tail_slot = t.tail_slot();
+  s.tail_tokens = t.tail_tokens();
+  return s;
+}
+
+template <typename T>
+void SetIds(std::span<const T> ids, google::protobuf::RepeatedField<T>* out) {
+  out->Reserve(static_cast<int>(ids.size()));
+  for (T t : ids) out->Add(t);
+}
+
+}  // namespace
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(s.error_code())), s.error_message());
+}
+
+Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
+    : channel_(std::move(channel)), stub_(v1::KvCache::NewStub(channel_)), options_(options) {}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& target, ClientOptions options,
+                                                        absl::Duration connect_timeout) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(256 << 20);
+  args.SetMaxSendMessageSize(256 << 20);
+  // HTTP/2 pings find a dead daemon even while no call is in flight.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  if (!channel->WaitForConnected(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(connect_timeout))) {
+    return absl::UnavailableError(absl::StrCat("kvarnd is not reachable at ", target));
+  }
+  return std::unique_ptr<Client>(new Client(std::move(channel), options));
+}
+
+absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOptions& o) {
+  Preset preset;
+  if (CodecStatus s = ParsePreset(o.layout.preset, &preset); !s.ok()) {
+    return absl::InvalidArgumentError(s.message());
+  }
+  v1::OpenSessionRequest req;
+  req.set_tenant(o.tenant);
+  v1::ModelLayout* l = req.mutable_layout();
+  l->set_model_id(o.layout.model_id);
+  l->set_num_layers(o.layout.num_layers);
+  l->set_num_kv_heads(o.layout.num_kv_heads);
+  l->set_head_dim(o.layout.head_dim);
+  l->set_preset(o.layout.preset);
+  l->set_sink_tokens(o.layout.sink_tokens);
+  req.set_max_sequences(o.max_sequences);
+  req.set_admin_token(o.admin_token);
+  req.set_client_name(o.client_name);
+  v1::OpenSessionResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.rpc_timeout));
+  if (grpc::Status s = stub_->OpenSession(&ctx, req, &resp); !s.ok()) return FromGrpc(s);
+  std::unique_ptr<Session> session(new Session(this, resp, preset));
+  if (absl::Status m = session->MapPool(); !m.ok()) return m;
+  session->keepalive_ = std::thread([p = session.get()] { p->KeepAliveLoop(); });
+  return session;
+}
+
+Session::Session(Client* client, const v1::OpenSessionResponse& open, const Preset& preset)
+    : client_(client), id_(open.session_id()), epoch_(open.pool().epoch()), pool_(open.pool()), preset_(preset),
+      keepalive_interval_(absl::Milliseconds(open.keepalive_interval_ms())) {
+  layout_.num_layers = static_cast<int>(pool_.layout().num_layers());
+  layout_.num_kv_heads = static_cast<int>(pool_.layout().num_kv_heads());
+  layout_.head_dim = static_cast<int>(pool_.layout().head_dim());
+  layout_.tile_tokens = static_cast<int>(pool_.tile_tokens());
+  layout_.record_bytes = pool_.record_bytes();
+}
+
+absl::Status Session::MapPool() {
+  if (pool_.backend() != v1::PoolDescription::BACKEND_HOST) {
+    return absl::UnimplementedError("this client maps host (shared-memory) pools only");
+  }
+  if (pool_.quant_segments_size() != 1) return absl::FailedPreconditionError("expected one quantized segment");
+  auto q = ShmMapping::Open(pool_.quant_segments(0).name(), pool_.quant_segments(0).bytes(), /*writable=*/false);
+  if (!q.ok()) return q.status();
+  quant_ = std::move(*q);
+  if (pool_.sink_segments_size() == 1) {
+    auto s = ShmMapping::Open(pool_.sink_segments(0).name(), pool_.sink_segments(0).bytes(), false);
+    if (!s.ok()) return s.status();
+    sink_ = std::move(*s);
+  }
+  auto t = ShmMapping::Open(pool_.tail_segment().name(), pool_.tail_segment().bytes(), /*writable=*/true);
+  if (!t.ok()) return t.status();
+  tail_ = std::move(*t);
+  return absl::OkStatus();
+}
+
+Session::~Session() {
+  stop_.store(true);
+  {
+    absl::MutexLock lock(&mu_);
+    if (keepalive_ctx_) keepalive_ctx_->TryCancel();
+  }
+  if (keepalive_.joinable()) keepalive_.join();
+  if (alive_.load()) {
+    v1::CloseSessionRequest req;
+    *req.mutable_session() = Ref();
+    v1::CloseSessionResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    client_->stub().CloseSession(&ctx, req, &resp);
+  }
+}
+
+void Session::KeepAliveLoop() {
+  while (!stop_.load() && alive_.load()) {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_.load()) return;
+      keepalive_ctx_ = std::move(ctx);
+    }
+    grpc::ClientContext* c = keepalive_ctx_.get();
+    auto stream = client_->stub().KeepAlive(c);
+    v1::KeepAliveRequest req;
+    *req.mutable_session() = Ref();
+    v1::KeepAliveResponse resp;
+    while (!stop_.load() && stream->Write(req) && stream->Read(&resp)) {
+      if (resp.epoch() != epoch_) break;
+      // Sleep one interval, waking early to stop.
+      const absl::Time until = absl::Now() + keepalive_interval_;
+      while (!stop_.load() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(20));
+    }
+    stream->WritesDone();
+    const grpc::Status s = stream->Finish();
+    if (stop_.load()) return;
+    // The daemon no longer knows the session (expired, closed, restarted): the lease is gone.
+    if (s.error_code() == grpc::StatusCode::NOT_FOUND || s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+        (resp.epoch() != 0 && resp.epoch() != epoch_)) {
+      alive_.store(false);
+      return;
+    }
+    absl::SleepFor(absl::Milliseconds(100));  // transient: reconnect within the grace period
+  }
+}
+
+v1::SessionRef Session::Ref() const {
+  v1::SessionRef r;
+  r.set_session_id(id_);
+  r.set_epoch(epoch_);
+  return r;
+}
+
+grpc::ClientContext* Session::Prepare(grpc::ClientContext* ctx) const {
+  ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(client_->options().rpc_timeout));
+  return ctx;
+}
+
+absl::Status Session::Check(const grpc::Status& s) {
+  if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION && s.error_message().find("epoch") != std::string::npos) {
+    alive_.store(false);
+  }
+  return FromGrpc(s);
+}
+
+void Session::Remember(uint64_t seq, const v1::BlockTable& table) {
+  absl::MutexLock lock(&mu_);
+  SeqState& st = seqs_[seq];
+  st.table = FromProto(table);
+  st.staged = 0;
+}
+
+absl::StatusOr<SequenceInfo> Session::CreateSequence(std::span<const uint32_t> prompt) {
+  v1::CreateSequenceRequest req;
+  *req.mutable_session() = Ref();
+  SetIds(prompt, req.mutable_prompt_tokens());
+  v1::CreateSequenceResponse resp;
+  grpc::ClientContext ctx;
+  if (absl::Status s = Check(client_->stub().CreateSequence(Prepare(&ctx), req, &resp)); !s.ok()) return s;
+  Remember(resp.sequence_id(), resp.table());
+  return SequenceInfo{resp.sequence_id(), resp.cached_tokens(), FromProto(resp.table())};
+}
+
+absl::StatusOr<uint64_t> Session::Lookup(std::span<const uint32_t> prompt) {
+  v1::LookupRequest req;
+  *req.mutable_session() = Ref();
+  SetIds(prompt, req.mutable_prompt_tokens());
+  v1::LookupResponse resp;
+  grpc::ClientContext ctx;
+  if (absl::Status s = Check(client_->stub().Lookup(Prepare(&ctx), req, &resp)); !s.ok()) return s;
+  return resp.cached_tokens();
+}
+
+absl::Status Session::Stage(uint64_t seq, int n, const void* keys, const void* values, DType dtype) {
+  uint8_t* slot;
+  int first;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
+    slot = tail_.data() + static_cast<size_t>(it->second.table.tail_slot) * layout_.fp16_block_bytes();
+    first = static_cast<int>(it->second.table.tail_tokens) + it->second.staged;
+  }
+  const CodecStatus s = Codec::Default().StoreTokens(preset_, layout_, slot, first, n, keys, values, dtype);
+  if (!s.ok()) return absl::InvalidArgumentError(s.message());
+  absl::MutexLock lock(&mu_);
+  seqs_[seq].staged += n;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AppendInfo> Session::Commit(uint64_t seq, std::span<const uint32_t> ids) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
+    if (static_cast<int>(ids.size()) != it->second.staged) {
+      return absl::InvalidArgumentError(absl::StrCat(ids.size(), " token ids for ", it->second.staged, " staged tokens"));
+    }
+  }
+  v1::AppendRequest req;
+  *req.mutable_session() = Ref();
+  req.set_sequence_id(seq);
+  SetIds(ids, req.mutable_token_ids());
+  v1::AppendResponse resp;
+  grpc::ClientContext ctx;
+  if (absl::Status s = Check(client_->stub().Append(Prepare(&ctx), req, &resp)); !s.ok()) return s;
+  Remember(seq, resp.table());
+  return AppendInfo{FromProto(resp.table()), resp.sealed()};
+}
+
+absl::StatusOr<AppendInfo> Session::Append(uint64_t seq, std::span<const uint32_t> ids, const void* keys,
+                                           const void* values, DType dtype) {
+  if (absl::Status s = Stage(seq, static_cast<int>(ids.size()), keys, values, dtype); !s.ok()) return s;
+  return Commit(seq, ids);
+}
+
+std::vector<absl::StatusOr<AppendInfo>> Session::CommitBatch(
+    const std::vector<std::pair<uint64_t, std::vector<uint32_t>>>& items) {
+  v1::AppendBatchRequest req;
+  *req.mutable_session() = Ref();
+  for (const auto& [seq, ids] : items) {
+    v1::AppendRequest* item = req.add_items();
+    item->set_sequence_id(seq);
+    SetIds(std::span<const uint32_t>(ids), item->mutable_token_ids());
+  }
+  v1::AppendBatchResponse resp;
+  grpc::ClientContext ctx;
+  std::vector<absl::StatusOr<AppendInfo>> out;
+  if (absl::Status s = Check(client_->stub().AppendBatch(Prepare(&ctx), req, &resp)); !s.ok()) {
+    out.assign(items.size(), s);
+    return out;
+  }
+  for (int i = 0; i < resp.items_size(); ++i) {
+    const auto& it = resp.items(i);
+    if (it.code() != 0) {
+      out.push_back(absl::Status(static_cast<absl::StatusCode>(it.code()), it.message()));
+      continue;
+    }
+    Remember(items[i].first, it.result().table());
+    out.push_back(AppendInfo{FromProto(it.result().table()), it.result().sealed()});
+  }
+  return out;
+}
+
+absl::StatusOr<AppendInfo> Session::AppendInline(uint64_t seq, std::span<const uint32_t> ids, const void* keys,
+                                                 const void* values, DType dtype) {
+  v1::AppendInlineRequest req;
+  *req.mutable_session() = Ref();
+  req.set_sequence_id(seq);
+  SetIds(ids, req.mutable_token_ids());
+  const size_t bytes = ids.size() * layout_.slots() * layout_.head_dim * (dtype == DType::kF32 ? 4 : 2);
+  req.set_keys(keys, bytes);
+  req.set_values(values, bytes);
+  req.set_dtype(dtype == DType::kF32 ? v1::AppendInlineRequest::DTYPE_F32 : v1::AppendInlineRequest::DTYPE_F16);
+  v1::AppendResponse resp;
+  grpc::ClientContext ctx;
+  if (absl::Status s = Check(client_->stub().AppendInline(Prepare(&ctx), req, &resp)); !s.ok()) return s;
+  Remember(seq, resp.table());
+  return AppendInfo{FromProto(resp.table()), resp.sealed()};
+}
+
+absl::StatusOr<SequenceInfo> Session::Fork(uint64_t seq) {
+  v1::ForkRequest req;
+  *req.mutable_session() = Ref();
+  req.set_sequence_id(seq);
+  v1::ForkResponse resp;
+  grpc::ClientContext ctx;
+  if (absl::Status s = Check(client_->stub().Fork(Prepare(&ctx), req, &resp)); !s.ok()) return s;
+  Remember(resp.sequence_id(), resp.table());
+  return SequenceInfo{resp.sequence_id(), 0, FromProto(resp.table())};
+}
+
+absl::Status Session::Release(std::span<const uint64_t> seqs) {
+  v1::ReleaseRequest req;
+  *req.mutable_session() = Ref();
+  SetIds(seqs, req.mutable_sequence_ids());
+  v1::ReleaseResponse resp;
+  grpc::ClientContext ctx;
+  if (absl::Status s = Check(client_->stub().Release(Prepare(&ctx), req, &resp)); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  for (uint64_t q : seqs) seqs_.erase(q);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SequenceTable> Session::Table(uint64_t seq) const {
+  absl::MutexLock lock(&mu_);
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
+  return it->second.table;
+}
+
+absl::StatusOr<std::pair<uint8_t*, int>> Session::TailSlot(uint64_t seq) const {
+  absl::MutexLock lock(&mu_);
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
+  return std::make_pair(tail_.data() + static_cast<size_t>(it->second.table.tail_slot) * layout_.fp16_block_bytes(),
+                        static_cast<int>(it->second.table.tail_tokens) + it->second.staged);
+}
+
+const uint8_t* Session::QuantBlock(uint32_t block) const {
+  return quant_.data() + static_cast<size_t>(block) * layout_.quant_block_bytes();
+}
+
+const uint8_t* Session::SinkBlock(uint32_t block) const {
+  return sink_.data() + static_cast<size_t>(block) * layout_.fp16_block_bytes();
+}
+
+absl::Status Session::Attend(uint64_t seq, int layer, const float* queries, int num_q_heads, float* out) const {
+  const int heads = layout_.num_kv_heads;
+  if (layer < 0 || layer >= layout_.num_layers) return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " out of range"));
+  if (num_q_heads < heads || num_q_heads % heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(num_q_heads, " query heads is not a multiple of ", heads, " kv-heads"));
+  }
+  auto table = Table(seq);
+  if (!table.ok()) return table.status();
+  for (uint32_t b : table->quant_blocks) {
+    if (b >= pool_.quant_segments(0).blocks()) return absl::InternalError("block table names a block outside the pool");
+  }
+  const int group = num_q_heads / heads;
+  const size_t d = static_cast<size_t>(layout_.head_dim);
+  std::vector<const uint8_t*> tiles(table->quant_blocks.size());
+  const uint8_t* tail = tail_.data() + static_cast<size_t>(table->tail_slot) * layout_.fp16_block_bytes();
+  for (int h = 0; h < heads; ++h) {
+    for (size_t i = 0; i < tiles.size(); ++i) tiles[i] = QuantBlock(table->quant_blocks[i]) + layout_.RecordOffset(layer, h);
+    SequenceView view;
+    view.tiles = tiles;
+    if (table->has_sink) {
+      const uint8_t* sink = SinkBlock(table->sink_block);
+      view.sink = {reinterpret_cast<const uint16_t*>(sink + layout_.Fp16KeysOffset(layer, h)),
+                   reinterpret_cast<const uint16_t*>(sink + layout_.Fp16ValuesOffset(layer, h)), layout_.tile_tokens};
+    }
+    view.tail = {reinterpret_cast<const uint16_t*>(tail + layout_.Fp16KeysOffset(layer, h)),
+                 reinterpret_cast<const uint16_t*>(tail + layout_.Fp16ValuesOffset(layer, h)),
+                 static_cast<int>(table->tail_tokens)};
+    const CodecStatus s = Codec::Default().AttendDecode(preset_, layout_.head_dim, queries + h * group * d, group, view,
+                                                        out + h * group * d);
+    if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(s.code())), s.message());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::DequantizeBlock(uint32_t block, int layer, int head, float* keys, float* values) const {
+  if (block >= pool_.quant_segments(0).blocks() || layer < 0 || layer >= layout_.num_layers || head < 0 ||
+      head >= layout_.num_kv_heads) {
+    return absl::InvalidArgumentError("block, layer or head out of range");
+  }
+  const CodecStatus s = Codec::Default().DecodeTile(preset_, layout_.head_dim,
+                                                    {QuantBlock(block) + layout_.RecordOffset(layer, head), layout_.record_bytes},
+                                                    {keys, values, DType::kF32, Frame::kOriginal});
+  if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(s.code())), s.message());
+  return absl::OkStatus();
+}
+
+absl::Status Session::Read(uint64_t seq, uint32_t layer, uint64_t start, uint32_t count, std::vector<float>* keys,
+                           std::vector<float>* values) {
+  v1::ReadRequest req;
+  *req.mutable_session() = Ref();
+  req.set_sequence_id(seq);
+  req.set_layer(layer);
+  req.set_start(start);
+  req.set_count(count);
+  v1::ReadResponse resp;
+  grpc::ClientContext ctx;
+  if (absl::Status s = Check(client_->stub().Read(Prepare(&ctx), req, &resp)); !s.ok()) return s;
+  keys->assign(resp.keys().begin(), resp.keys().end());
+  values->assign(resp.values().begin(), resp.values().end());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::StatsResponse> Session::Stats() {
+  v1::StatsRequest req;
+  *req.mutable_session() = Ref();
+  v1::StatsResponse resp;
+  grpc::ClientContext ctx;
+  if (absl::Status s = Check(client_->stub().Stats(Prepare(&ctx), req, &resp)); !s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<v1::ListSequencesResponse> Session::ListSequences() {
+  v1::ListSequencesRequest req;
+  *req.mutable_session() = Ref();
+  v1::ListSequencesResponse resp;
+  grpc::ClientContext ctx;
+  if (absl::Status s = Check(client_->stub().ListSequences(Prepare(&ctx), req, &resp)); !s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<v1::EvictResponse> Session::Evict(v1::EvictRequest::Scope scope, uint64_t bytes, const std::string& tenant) {
+  v1::EvictRequest req;
+  *req.mutable_session() = Ref();
+  req.set_scope(scope);
+  req.set_bytes(bytes);
+  req.set_tenant(tenant);
+  v1::EvictResponse resp;
+  grpc::ClientContext ctx;
+  if (absl::Status s = Check(client_->stub().Evict(Prepare(&ctx), req, &resp)); !s.ok()) return s;
+  return resp;
+}
+
+absl::Status Session::Watch(const std::function<bool(const v1::BlockEvent&)>& on_event) {
+  v1::WatchRequest req;
+  *req.mutable_session() = Ref();
+  grpc::ClientContext ctx;
+  auto reader = client_->stub().Watch(&ctx, req);
+  v1::BlockEvent e;
+  while (reader->Read(&e)) {
+    if (!on_event(e)) {
+      ctx.TryCancel();
+      break;
+    }
+  }
+  const grpc::Status s = reader->Finish();
+  if (s.error_code() == grpc::StatusCode::CANCELLED) return absl::OkStatus();
+  return FromGrpc(s);
+}
+
+}  // namespace kvarn

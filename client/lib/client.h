@@ -1,0 +1,197 @@
+// kvarn::Client: the C++ library an inference worker links to use kvarnd.
+//
+//   auto client = kvarn::Client::Connect("unix:/tmp/kvarnd.sock");
+//   auto session = (*client)->OpenSession({.tenant = "team-a", .layout = layout});
+//   auto seq = (*session)->CreateSequence(prompt_ids);        // adopts a cached prefix
+//   (*session)->Append(seq->id, ids, keys, values, DType::kF16);  // writes the tail in place, commits
+//   (*session)->Attend(seq->id, layer, queries, num_q_heads, out); // reads shared memory, no RPC
+//
+// A Session maps the pool once (quantized and sink blocks read-only, its own tail slots
+// writable) and holds the lease: a background thread streams keep-alives; destroying the
+// Session closes it and unmaps everything. Blocks a sequence references never change and
+// are never evicted, so reads in place need no locking.
+//
+// Thread safety: Client and Session methods may be called from any thread; calls on the
+// same sequence are serialized by the caller (the daemon rejects a concurrent append with
+// FAILED_PRECONDITION).
+#ifndef KVARN_CLIENT_LIB_CLIENT_H_
+#define KVARN_CLIENT_LIB_CLIENT_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/lib/shm_mapping.h"
+#include "kernels/block_layout.h"
+#include "kernels/codec.h"
+#include "kvarn/v1/kvarn.grpc.pb.h"
+
+namespace kvarn {
+
+struct Layout {
+  std::string model_id = "model";
+  uint32_t num_layers = 0;
+  uint32_t num_kv_heads = 0;
+  uint32_t head_dim = 128;
+  std::string preset = "kvarn_k4v2_g128";
+  uint32_t sink_tokens = 128;
+};
+
+struct SessionOptions {
+  std::string tenant;
+  Layout layout;
+  uint32_t max_sequences = 0;  // tail slots; 0 = the daemon's default
+  std::string admin_token;
+  std::string client_name;
+};
+
+struct ClientOptions {
+  absl::Duration rpc_timeout = absl::Seconds(30);  // deadline of every unary call
+};
+
+// A sequence's blocks as the client last saw them.
+struct SequenceTable {
+  uint64_t tokens = 0;
+  bool has_sink = false;
+  uint32_t sink_block = 0;
+  std::vector<uint32_t> quant_blocks;
+  uint32_t tail_slot = 0;
+  uint32_t tail_tokens = 0;
+};
+
+struct SequenceInfo {
+  uint64_t id = 0;
+  uint64_t cached_tokens = 0;  // adopted from the prefix cache at creation
+  SequenceTable table;
+};
+
+struct AppendInfo {
+  SequenceTable table;
+  bool sealed = false;
+};
+
+class Session;
+
+class Client {
+ public:
+  // target: "unix:/path" or "host:port". Fails if the daemon does not answer its health
+  // check within the timeout.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& target,
+                                                         ClientOptions options = {},
+                                                         absl::Duration connect_timeout = absl::Seconds(5));
+  absl::StatusOr<std::unique_ptr<Session>> OpenSession(const SessionOptions& options);
+
+  v1::KvCache::Stub& stub() { return *stub_; }
+  const ClientOptions& options() const { return options_; }
+
+ private:
+  Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::KvCache::Stub> stub_;
+  ClientOptions options_;
+};
+
+class Session {
+ public:
+  ~Session();  // closes the session (best effort) and unmaps the pool
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  uint64_t id() const { return id_; }
+  uint64_t epoch() const { return epoch_; }
+  const BlockLayout& block_layout() const { return layout_; }
+  const Preset& preset() const { return preset_; }
+  const v1::PoolDescription& pool() const { return pool_; }
+  // False once the daemon ended the lease or restarted; every call then fails.
+  bool alive() const { return alive_.load(); }
+
+  absl::StatusOr<SequenceInfo> CreateSequence(std::span<const uint32_t> prompt);
+  absl::StatusOr<uint64_t> Lookup(std::span<const uint32_t> prompt);
+
+  // Writes n tokens' K/V, original frame, laid out [n][num_layers][num_kv_heads][head_dim]
+  // (fp16 bits or fp32), rotated into the storage frame, into the sequence's tail slot after
+  // what is already staged. INVALID_ARGUMENT past the tail or for NaN/Inf.
+  absl::Status Stage(uint64_t seq, int n, const void* keys, const void* values, DType dtype);
+  // Commits every staged token with its token id (ids.size() must equal the staged count).
+  absl::StatusOr<AppendInfo> Commit(uint64_t seq, std::span<const uint32_t> ids);
+  // Stage + Commit.
+  absl::StatusOr<AppendInfo> Append(uint64_t seq, std::span<const uint32_t> ids, const void* keys,
+                                    const void* values, DType dtype);
+  // Commits staged tokens of many sequences in one call; one status per item.
+  std::vector<absl::StatusOr<AppendInfo>> CommitBatch(const std::vector<std::pair<uint64_t, std::vector<uint32_t>>>& items);
+  // The K/V travel in the request instead of shared memory.
+  absl::StatusOr<AppendInfo> AppendInline(uint64_t seq, std::span<const uint32_t> ids, const void* keys,
+                                          const void* values, DType dtype);
+  absl::StatusOr<SequenceInfo> Fork(uint64_t seq);
+  absl::Status Release(std::span<const uint64_t> seqs);
+
+  // The sequence's table as last returned by the daemon.
+  absl::StatusOr<SequenceTable> Table(uint64_t seq) const;
+  // Pointer to the sequence's writable tail slot (for a worker's own store kernel), and the
+  // token position where the next staged token goes.
+  absl::StatusOr<std::pair<uint8_t*, int>> TailSlot(uint64_t seq) const;
+
+  // Decode attention of one layer over the sequence, straight from shared memory:
+  // queries [num_q_heads][head_dim] (original frame), num_q_heads a multiple of the kv-heads
+  // (grouped-query attention); out [num_q_heads][head_dim].
+  absl::Status Attend(uint64_t seq, int layer, const float* queries, int num_q_heads, float* out) const;
+  // Dequantizes one (layer, kv-head) tile of a quantized block, original frame, [G][D].
+  absl::Status DequantizeBlock(uint32_t block, int layer, int head, float* keys, float* values) const;
+  // Pointers into the mapped pool.
+  const uint8_t* QuantBlock(uint32_t block) const;
+  const uint8_t* SinkBlock(uint32_t block) const;
+
+  // RPC wrappers.
+  absl::Status Read(uint64_t seq, uint32_t layer, uint64_t start, uint32_t count, std::vector<float>* keys,
+                    std::vector<float>* values);
+  absl::StatusOr<v1::StatsResponse> Stats();
+  absl::StatusOr<v1::ListSequencesResponse> ListSequences();
+  absl::StatusOr<v1::EvictResponse> Evict(v1::EvictRequest::Scope scope, uint64_t bytes = 0,
+                                          const std::string& tenant = "");
+  // Streams block events until `on_event` returns false or the stream ends.
+  absl::Status Watch(const std::function<bool(const v1::BlockEvent&)>& on_event);
+  v1::SessionRef Ref() const;
+
+ private:
+  friend class Client;
+  struct SeqState {
+    SequenceTable table;
+    int staged = 0;
+  };
+  Session(Client* client, const v1::OpenSessionResponse& open, const Preset& preset);
+  absl::Status MapPool();
+  void KeepAliveLoop();
+  void Remember(uint64_t seq, const v1::BlockTable& table) ABSL_LOCKS_EXCLUDED(mu_);
+  grpc::ClientContext* Prepare(grpc::ClientContext* ctx) const;
+  absl::Status Check(const grpc::Status& s);
+
+  Client* client_;
+  uint64_t id_;
+  uint64_t epoch_;
+  v1::PoolDescription pool_;
+  Preset preset_;
+  BlockLayout layout_;
+  absl::Duration keepalive_interval_;
+  ShmMapping quant_, sink_, tail_;
+  std::atomic<bool> alive_{true};
+  std::atomic<bool> stop_{false};
+  std::unique_ptr<grpc::ClientContext> keepalive_ctx_;
+  std::thread keepalive_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, SeqState> seqs_ ABSL_GUARDED_BY(mu_);
+};
+
+// absl::Status for a gRPC status (the codes share numbers).
+absl::Status FromGrpc(const grpc::Status& s);
+
+}  // namespace kvarn
+
+#endif  // KVARN_CLIENT_LIB_CLIENT_H_

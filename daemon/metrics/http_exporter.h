@@ -1,0 +1,109 @@
+// A minimal HTTP/1.1 server for Prometheus scrapes:
+//   GET /metrics  200, the Registry in the text format 0.0.4
+//   GET /healthz  200, "ok"
+//   other paths   404;  other methods on those paths 405 (HEAD is served like GET)
+//   malformed     400;  head too large 431;  HTTP version other than 1.x 505
+// Every response closes its connection: a scrape every few seconds gains nothing from
+// keep-alive, and it keeps the server free of per-connection request loops.
+//
+// One thread runs a poll(2) loop over non-blocking sockets, so a client that connects and
+// sends nothing, or stops reading the response, costs one connection slot until its
+// deadline, never the attention of the server: other scrapes proceed meanwhile. Requests are
+// bounded in size and time (Options). The registry is serialized on that thread, so its
+// callbacks run there.
+//
+// Thread safety: port() and Stop() may be called from any thread.
+#ifndef KVARN_DAEMON_METRICS_HTTP_EXPORTER_H_
+#define KVARN_DAEMON_METRICS_HTTP_EXPORTER_H_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/metrics/http_request.h"
+#include "daemon/metrics/registry.h"
+#include "daemon/metrics/unique_fd.h"
+
+namespace kvarn::metrics {
+
+class HttpExporter {
+ public:
+  struct Options {
+    // Numeric IPv4 or IPv6 address to listen on. Loopback by default: exposing metrics off
+    // the host is a deployment decision (a pod sets "0.0.0.0" so Prometheus can reach it).
+    std::string bind_address = "127.0.0.1";
+    // TCP port; 0 asks the kernel for an ephemeral one, which port() then reports.
+    uint16_t port = 0;
+    // Longest request head (request line plus header fields) accepted. Prometheus sends
+    // about 300 bytes; 8 KiB is the common server default and bounds per-client memory.
+    size_t max_request_bytes = 8 * 1024;
+    // Time from accepting a connection to having its whole request head. A client that
+    // connects and sends nothing holds a slot this long; Prometheus sends at once.
+    absl::Duration read_timeout = absl::Seconds(10);
+    // Time to hand over the whole response; a client that stops reading is dropped. Generous
+    // because a large registry on a slow link is still a legitimate scrape.
+    absl::Duration write_timeout = absl::Seconds(30);
+    // Connections open at once. Further clients wait in the kernel's accept queue until a
+    // slot frees, so a flood of idle connections delays scrapes by at most read_timeout.
+    int max_connections = 64;
+    // listen(2) backlog: connections the kernel queues beyond max_connections.
+    int backlog = 128;
+  };
+
+  // Binds, listens and starts serving `registry`, which must outlive the exporter.
+  // INVALID_ARGUMENT for a null registry, an address that is not a numeric IP, a
+  // non-positive limit or a timeout that is not positive and finite; the errno-derived
+  // status when the socket cannot be bound (FAILED_PRECONDITION for "address already in
+  // use").
+  static absl::StatusOr<std::unique_ptr<HttpExporter>> Start(const Registry* registry,
+                                                             Options options);
+
+  HttpExporter(const HttpExporter&) = delete;
+  HttpExporter& operator=(const HttpExporter&) = delete;
+  // Stops if still running.
+  ~HttpExporter();
+
+  // Closes the listening socket and every open connection (responses in flight are cut
+  // short) and joins the server thread. Idempotent; after it returns no registry callback
+  // runs on behalf of this exporter.
+  void Stop() ABSL_LOCKS_EXCLUDED(stop_mu_);
+
+  // The bound port (the kernel's pick when Options::port was 0).
+  uint16_t port() const { return port_; }
+
+ private:
+  struct Connection;
+
+  HttpExporter(const Registry* registry, Options options, UniqueFd listener, UniqueFd wake,
+               uint16_t port);
+
+  // The server thread's loop; returns when wake_fd_ is signalled.
+  void Serve();
+  // Moves `connection` as far along as its socket allows. False when it is finished.
+  bool Advance(Connection& connection, std::chrono::steady_clock::time_point now);
+  // The whole HTTP response to a parsed request head (or to the parse error).
+  std::string Respond(const absl::StatusOr<HttpRequest>& parsed) const;
+
+  // Immutable after construction, read by the server thread.
+  const Registry* const registry_;
+  const Options options_;
+  const UniqueFd wake_;  // eventfd: Stop() writes to it, which ends Serve()
+  const uint16_t port_;
+
+  absl::Mutex stop_mu_;
+  std::thread thread_ ABSL_GUARDED_BY(stop_mu_);
+  // Used by the server thread while it runs; Stop() closes it after joining, so connections
+  // still waiting in the accept queue are refused rather than left hanging.
+  UniqueFd listener_;
+};
+
+}  // namespace kvarn::metrics
+
+#endif  // KVARN_DAEMON_METRICS_HTTP_EXPORTER_H_

@@ -1,0 +1,44 @@
+// A move-only owner of a POSIX file descriptor: closes it on destruction.
+#ifndef KVARN_DAEMON_METRICS_UNIQUE_FD_H_
+#define KVARN_DAEMON_METRICS_UNIQUE_FD_H_
+
+#include <unistd.h>
+
+#include <utility>
+
+namespace kvarn::metrics {
+
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  // Takes ownership of `fd` (-1 for none).
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  ~UniqueFd() { Reset(); }
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+
+  // Closes the descriptor now. close(2)'s result is ignored: on Linux the descriptor is
+  // released even when close reports an error, and there is nothing to retry.
+  void Reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace kvarn::metrics
+
+#endif  // KVARN_DAEMON_METRICS_UNIQUE_FD_H_
