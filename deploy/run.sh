@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Sets everything up on a fresh Debian 12 machine, then runs the main job on its embedded
+# defaults:
+#  1. the codec on synthetic K/V: `kvarnctl codec synth` then `kvarnctl codec eval`,
+#     comparing KVarN against the KIVI and Hadamard-only baselines;
+#  2. kvarnd on the host backend with its default configuration, and `kvarnctl demo`:
+#     simulated workers sharing system prompts through the shared-memory pool.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+deploy/build.sh
+build=${KVARN_BUILD_DIR:-build}
+bin="$build/bin"
+data=$(mktemp -d)
+trap 'kill "${daemon_pid:-}" 2>/dev/null || true; rm -rf "$data"' EXIT
+
+echo "== KVarN codec on synthetic K/V =="
+"$bin/kvarnctl" codec synth --out-dir "$data/kv"
+"$bin/kvarnctl" codec eval --keys "$data/kv/k.npy" --values "$data/kv/v.npy" --queries "$data/kv/q.npy" \
+  --preset kvarn_k4v2_g128 --preset kvarn_k4v4_g128 --preset kivi_k4v2_g128 --preset hadamard_k4v2_g128
+
+echo
+echo "== kvarnd with kvarnctl demo =="
+sock="$data/kvarnd.sock"
+"$bin/kvarnd" --listen="$sock" --metrics=127.0.0.1:0 --instance="demo$$" &
+daemon_pid=$!
+"$bin/kvarnctl" demo --target="unix:$sock"
+"$bin/kvarnctl" status --target="unix:$sock"
+kill -TERM "$daemon_pid"
+wait "$daemon_pid" || true

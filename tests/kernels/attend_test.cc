@@ -1,0 +1,237 @@
+// Decode attention (KVARN_SPEC.md §7) against its definition: the fused kernels, which
+// never materialize a tile, must equal dequantize-then-attend computed in fp64, and a group
+// of query heads must equal the same heads one at a time.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/codec.h"
+#include "kernels/fp16.h"
+#include "tests/kernels/codec_test_util.h"
+
+namespace kvarn {
+namespace {
+
+using test::Gaussian;
+using test::MustParse;
+
+// The K/V of one kv-head as AttendDecode sees it, owning its memory: up to kMaxTiles tiles
+// encoded by the codec under test, and fp16 sink and tail in the storage frame.
+class Sequence {
+ public:
+  static constexpr int kMaxTiles = 3;
+
+  Sequence(const Codec& codec, const Preset& preset, int d, uint32_t seed)
+      : preset_(preset), d_(d) {
+    const int g = preset.tile_tokens;
+    const size_t n = static_cast<size_t>(g) * d;
+    for (int i = 0; i < kMaxTiles; ++i) {
+      // Keys with per-channel offsets, as real keys have; values centred.
+      std::vector<float> k = Gaussian(n, seed + 10 * i), v = Gaussian(n, seed + 10 * i + 1);
+      const std::vector<float> offset = Gaussian(d, seed + 10 * i + 2, 0.5f);
+      for (size_t j = 0; j < n; ++j) k[j] += offset[j % d];
+      records_.push_back(test::EncodeOrDie(codec, preset, d, k, v));
+      // What attention must see of this tile: its decoding in the storage frame.
+      std::vector<float> k_hat, v_hat;
+      test::DecodeOrDie(codec, preset, d, records_.back(), Frame::kStorage, &k_hat, &v_hat);
+      tiles_kd_.insert(tiles_kd_.end(), k_hat.begin(), k_hat.end());
+      tiles_vd_.insert(tiles_vd_.end(), v_hat.begin(), v_hat.end());
+    }
+    for (const auto& r : records_) tile_ptrs_.push_back(r.data());
+    sink_k_ = test::ToHalf(Gaussian(n, seed + 100));
+    sink_v_ = test::ToHalf(Gaussian(n, seed + 101));
+    tail_k_ = test::ToHalf(Gaussian(n, seed + 102));
+    tail_v_ = test::ToHalf(Gaussian(n, seed + 103));
+    for (auto [half, wide] : {std::pair{&sink_k_, &sink_kd_}, std::pair{&sink_v_, &sink_vd_},
+                              std::pair{&tail_k_, &tail_kd_}, std::pair{&tail_v_, &tail_vd_}}) {
+      for (uint16_t h : *half) wide->push_back(HalfToFloat(h));
+    }
+  }
+
+  SequenceView View(int sink_tokens, int tiles, int tail_tokens) const {
+    SequenceView s;
+    s.sink = {sink_k_.data(), sink_v_.data(), sink_tokens};
+    s.tiles = std::span<const uint8_t* const>(tile_ptrs_.data(), static_cast<size_t>(tiles));
+    s.tail = {tail_k_.data(), tail_v_.data(), tail_tokens};
+    return s;
+  }
+
+  // Dequantize-then-attend in fp64: the query rotated into the storage frame, softmax over
+  // sink, decoded tiles and tail, the output rotated back.
+  std::vector<double> Expected(const float* queries, int num_queries, int sink_tokens, int tiles,
+                               int tail_tokens, double scale) const {
+    const int g = preset_.tile_tokens;
+    std::vector<const double*> keys, values;  // token rows, in sequence order
+    for (int t = 0; t < sink_tokens; ++t) {
+      keys.push_back(&sink_kd_[static_cast<size_t>(t) * d_]);
+      values.push_back(&sink_vd_[static_cast<size_t>(t) * d_]);
+    }
+    for (int t = 0; t < tiles * g; ++t) {
+      keys.push_back(&tiles_kd_[static_cast<size_t>(t) * d_]);
+      values.push_back(&tiles_vd_[static_cast<size_t>(t) * d_]);
+    }
+    for (int t = 0; t < tail_tokens; ++t) {
+      keys.push_back(&tail_kd_[static_cast<size_t>(t) * d_]);
+      values.push_back(&tail_vd_[static_cast<size_t>(t) * d_]);
+    }
+    std::vector<double> out(static_cast<size_t>(num_queries) * d_, 0.0);
+    std::vector<double> s(keys.size());
+    for (int h = 0; h < num_queries; ++h) {
+      std::vector<double> q(queries + static_cast<size_t>(h) * d_,
+                            queries + static_cast<size_t>(h + 1) * d_);
+      if (preset_.rotates()) test::FwhtDouble(q.data(), d_);
+      for (size_t t = 0; t < keys.size(); ++t) {
+        double dot = 0.0;
+        for (int c = 0; c < d_; ++c) dot += q[c] * keys[t][c];
+        s[t] = dot * scale;
+      }
+      const double m = *std::max_element(s.begin(), s.end());
+      double sum = 0.0;
+      double* o = &out[static_cast<size_t>(h) * d_];
+      for (size_t t = 0; t < keys.size(); ++t) {
+        const double p = std::exp(s[t] - m);
+        sum += p;
+        for (int c = 0; c < d_; ++c) o[c] += p * values[t][c];
+      }
+      for (int c = 0; c < d_; ++c) o[c] /= sum;
+      if (preset_.rotates()) test::FwhtDouble(o, d_);
+    }
+    return out;
+  }
+
+  const std::vector<const uint8_t*>& tile_ptrs() const { return tile_ptrs_; }
+
+ private:
+  Preset preset_;
+  int d_;
+  std::vector<std::vector<uint8_t>> records_;
+  std::vector<const uint8_t*> tile_ptrs_;
+  std::vector<uint16_t> sink_k_, sink_v_, tail_k_, tail_v_;
+  // fp64 copies of every token AttendDecode can see, [tokens][D].
+  std::vector<double> sink_kd_, sink_vd_, tiles_kd_, tiles_vd_, tail_kd_, tail_vd_;
+};
+
+// Largest per-head relative L2 error of `got` against `want`, both [heads][d].
+double WorstHeadError(const std::vector<float>& got, const std::vector<double>& want, int heads,
+                      int d) {
+  double worst = 0.0;
+  for (int h = 0; h < heads; ++h) {
+    worst = std::max(
+        worst, test::RelL2(&got[static_cast<size_t>(h) * d], &want[static_cast<size_t>(h) * d], d));
+  }
+  return worst;
+}
+
+using CodecPreset = std::tuple<const Codec*, std::string>;
+class AttendTest : public ::testing::TestWithParam<CodecPreset> {
+ protected:
+  const Codec& codec() const { return *std::get<0>(GetParam()); }
+  Preset preset() const { return MustParse(std::get<1>(GetParam())); }
+};
+
+TEST_P(AttendTest, FusedAttentionEqualsDequantizeThenAttend) {
+  const Preset p = preset();
+  const int g = p.tile_tokens;
+  constexpr int kHeads = 5;  // one block of four heads and one more
+  for (int d : test::kHeadDims) {
+    const Sequence seq(codec(), p, d, /*seed=*/1000 + d);
+    const std::vector<float> q = Gaussian(static_cast<size_t>(kHeads) * d, 7 + d, /*stddev=*/1.5f);
+    for (int sink : {0, g}) {
+      for (int tiles : {0, 1, Sequence::kMaxTiles}) {
+        for (int tail : {0, 1, g - 1}) {
+          if (sink + tiles + tail == 0) continue;
+          SCOPED_TRACE(::testing::Message()
+                       << "D=" << d << " sink=" << sink << " tiles=" << tiles << " tail=" << tail);
+          std::vector<float> out(static_cast<size_t>(kHeads) * d);
+          const CodecStatus s =
+              codec().AttendDecode(p, d, q.data(), kHeads, seq.View(sink, tiles, tail), out.data());
+          ASSERT_TRUE(s.ok()) << s.ToString();
+          const std::vector<double> want =
+              seq.Expected(q.data(), kHeads, sink, tiles, tail, 1.0 / std::sqrt(d));
+          EXPECT_LT(WorstHeadError(out, want, kHeads, d), 1e-5);
+        }
+      }
+    }
+  }
+}
+
+TEST_P(AttendTest, UsesAnExplicitSoftmaxScale) {
+  const Preset p = preset();
+  const int d = 128, heads = 3;
+  const Sequence seq(codec(), p, d, 2000);
+  const std::vector<float> q = Gaussian(heads * d, 8);
+  const SequenceView view = seq.View(p.tile_tokens, 2, 9);
+  for (float scale : {0.045f, 0.3f}) {  // half and 3.4x the default 1/sqrt(128)
+    SCOPED_TRACE(scale);
+    std::vector<float> out(heads * d);
+    ASSERT_TRUE(codec().AttendDecode(p, d, q.data(), heads, view, out.data(), scale).ok());
+    const std::vector<double> want = seq.Expected(q.data(), heads, p.tile_tokens, 2, 9, scale);
+    EXPECT_LT(WorstHeadError(out, want, heads, d), 1e-5);
+  }
+  // 0 means 1/sqrt(D).
+  std::vector<float> by_default(heads * d), explicit_scale(heads * d);
+  ASSERT_TRUE(codec().AttendDecode(p, d, q.data(), heads, view, by_default.data()).ok());
+  ASSERT_TRUE(codec()
+                  .AttendDecode(p, d, q.data(), heads, view, explicit_scale.data(),
+                                1.0f / std::sqrt(128.0f))
+                  .ok());
+  EXPECT_LT(test::RelL2(by_default.data(), explicit_scale.data(), by_default.size()), 1e-6);
+}
+
+TEST_P(AttendTest, IsInvariantToTheOrderOfTiles) {
+  const Preset p = preset();
+  const int d = 64, heads = 2;
+  const Sequence seq(codec(), p, d, 3000);
+  const std::vector<float> q = Gaussian(heads * d, 9, 2.0f);
+  SequenceView view = seq.View(p.tile_tokens, Sequence::kMaxTiles, 3);
+  std::vector<float> forward(heads * d), backward(heads * d);
+  ASSERT_TRUE(codec().AttendDecode(p, d, q.data(), heads, view, forward.data()).ok());
+  std::vector<const uint8_t*> reversed(seq.tile_ptrs().rbegin(), seq.tile_ptrs().rend());
+  view.tiles = reversed;
+  ASSERT_TRUE(codec().AttendDecode(p, d, q.data(), heads, view, backward.data()).ok());
+  EXPECT_LT(test::RelL2(backward.data(), forward.data(), forward.size()), 1e-5);
+}
+
+// Grouped-query attention: H heads in one call equal H calls of one head. The largest group
+// (64 heads) only at the smallest head_dim, to keep the scalar reference quick.
+TEST_P(AttendTest, AGroupOfQueryHeadsEqualsOneHeadAtATime) {
+  const Preset p = preset();
+  for (int d : test::kHeadDims) {
+    std::vector<int> groups = {1, 2, 3, 4, 5, 6, 7, 8, 13};
+    if (d == 64) groups.push_back(64);
+    const int most = groups.back();
+    const Sequence seq(codec(), p, d, 4000 + d);
+    const SequenceView view = seq.View(p.tile_tokens, 2, 7);
+    const std::vector<float> q = Gaussian(static_cast<size_t>(most) * d, 10 + d, 1.5f);
+    std::vector<float> single(static_cast<size_t>(most) * d);
+    for (int h = 0; h < most; ++h) {
+      const CodecStatus s = codec().AttendDecode(p, d, &q[static_cast<size_t>(h) * d], 1, view,
+                                                 &single[static_cast<size_t>(h) * d]);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+    }
+    for (int heads : groups) {
+      SCOPED_TRACE(::testing::Message() << "D=" << d << " heads=" << heads);
+      std::vector<float> group(static_cast<size_t>(heads) * d);
+      const CodecStatus s = codec().AttendDecode(p, d, q.data(), heads, view, group.data());
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      for (int h = 0; h < heads; ++h) {
+        EXPECT_LT(
+            test::RelL2(&group[static_cast<size_t>(h) * d], &single[static_cast<size_t>(h) * d], d),
+            1e-6)
+            << "head " << h;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllPresets, AttendTest,
+                         ::testing::Combine(test::Implementations(),
+                                            ::testing::ValuesIn(AllPresetNames())),
+                         test::CodecPresetParamName());
+
+}  // namespace
+}  // namespace kvarn
