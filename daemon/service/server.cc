@@ -138,7 +138,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const DaemonConfig& config
   const CoreStats st = s->core_->Stats(std::nullopt).value();
   Log(LogLevel::kInfo, "kvarnd_started",
       {{"pid", static_cast<int64_t>(getpid())}, {"epoch", s->core_->epoch()}, {"backend", s->backend_->name()},
-       {"listen", config.listen}, {"tcp", config.tcp}, {"metrics", config.metrics},
+       {"listen", config.listen}, {"tcp", config.tcp}, {"tcp_port", s->tcp_port_},
+       {"metrics", config.metrics}, {"metrics_port", static_cast<int>(s->metrics_port())},
        {"preset", s->core_->preset().Name()}, {"layers", config.core.model.num_layers},
        {"kv_heads", config.core.model.num_kv_heads}, {"head_dim", config.core.model.head_dim},
        {"capacity_bytes", st.capacity_bytes}, {"quant_blocks", st.quant_total}, {"fp16_blocks", st.fp16_slots_budget}});
