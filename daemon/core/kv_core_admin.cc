@@ -10,8 +10,7 @@ std::optional<uint32_t> KvCore::AllocateBlock(BlockClass c) {
   BlockPool& pool = pools_.pool(c);
   if (pool.total() == 0) return std::nullopt;
   // Sink blocks share the fp16 budget with the sessions' reserved tail slots.
-  const auto fits = [&] { return c == BlockClass::kQuant || Fp16SlotsInUse() < fp16_budget_; };
-  while (pool.free_count() == 0 || !fits()) {
+  while (pool.free_count() == 0 || (c == BlockClass::kSink && Fp16SlotsInUse() >= fp16_budget_)) {
     if (!EvictOne(c, EvictReason::kAllocation, std::nullopt)) return std::nullopt;
   }
   return pool.TakeFree();
@@ -190,8 +189,9 @@ absl::Status KvCore::CheckInvariants() const {
       ++live;
     }
     if (live + s.free_slots.size() != s.slots) return absl::InternalError(absl::StrCat("session ", id, ": tail slots leak"));
-    if (s.closing && !s.sequences.empty() &&
-        std::none_of(s.sequences.begin(), s.sequences.end(), [&](SequenceId q) { return sequences_.at(q).busy; })) {
+    bool any_busy = false;
+    for (SequenceId q : s.sequences) any_busy |= sequences_.at(q).busy;
+    if (s.closing && !s.sequences.empty() && !any_busy) {
       return absl::InternalError(absl::StrCat("closing session ", id, " keeps idle sequences"));
     }
   }
