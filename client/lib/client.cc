@@ -1,6 +1,7 @@
 #include "client/lib/client.h"
 
 #include <grpcpp/create_channel.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
@@ -70,6 +71,7 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
   req.set_max_sequences(o.max_sequences);
   req.set_admin_token(o.admin_token);
   req.set_client_name(o.client_name);
+  req.set_client_pid(static_cast<int32_t>(getpid()));
   v1::OpenSessionResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.rpc_timeout));

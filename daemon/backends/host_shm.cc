@@ -90,7 +90,9 @@ absl::StatusOr<std::unique_ptr<HostShmBackend>> HostShmBackend::Create(const std
   return std::unique_ptr<HostShmBackend>(new HostShmBackend(instance));
 }
 
-absl::StatusOr<std::unique_ptr<Region>> HostShmBackend::Create(RegionKind kind, size_t bytes) {
+absl::StatusOr<std::unique_ptr<Region>> HostShmBackend::Create(RegionKind kind, size_t bytes, int) {
+  // Shared memory needs no retention: unlinking removes the name, and a client's existing
+  // mapping keeps its own pages, which are never handed to anyone else.
   const std::string name = absl::StrCat("kvarnd.", instance_, ".", getpid(), ".", RandomHex(), ".", KindName(kind));
   try {
     bip::permissions perm(0600);

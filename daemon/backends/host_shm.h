@@ -22,7 +22,7 @@ class HostShmBackend final : public MemoryBackend {
   // instance: a short name of letters, digits, '-' and '_' separating daemons on one host.
   static absl::StatusOr<std::unique_ptr<HostShmBackend>> Create(const std::string& instance);
 
-  absl::StatusOr<std::unique_ptr<Region>> Create(RegionKind kind, size_t bytes) override;
+  absl::StatusOr<std::unique_ptr<Region>> Create(RegionKind kind, size_t bytes, int owner_pid = 0) override;
   const char* name() const override { return "host"; }
   bool host_accessible() const override { return true; }
 

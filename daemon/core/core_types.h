@@ -80,9 +80,11 @@ struct PoolView {
   SegmentInfo tail_segment;
   uint32_t tail_slots = 0;
   uint64_t epoch = 0;
+  int daemon_pid = 0;
 };
 
 struct OpenParams {
+  int client_pid = 0;  // the client's process, for backends that track importers
   std::string tenant;
   ModelConfig layout;
   uint32_t max_sequences = 0;

@@ -1,6 +1,8 @@
 #include "daemon/core/kv_core.h"
 
 #include <algorithm>
+#include <unistd.h>
+
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -184,7 +186,9 @@ std::vector<BlockHash> KvCore::PrefixHashes(const BlockHash& ns, std::span<const
 
 uint32_t KvCore::Fp16SlotsInUse() const {
   const BlockPool& sink = pools_.pool(BlockClass::kSink);
-  return sink.total() - sink.free_count() + tail_slots_reserved_;
+  const uint64_t retained = backend_->RetainedBytes();
+  const uint64_t retained_slots = (retained + layout_.fp16_block_bytes() - 1) / layout_.fp16_block_bytes();
+  return sink.total() - sink.free_count() + tail_slots_reserved_ + static_cast<uint32_t>(retained_slots);
 }
 
 absl::StatusOr<OpenResult> KvCore::OpenSession(const OpenParams& p) {
@@ -209,7 +213,7 @@ absl::StatusOr<OpenResult> KvCore::OpenSession(const OpenParams& p) {
           " of ", fp16_budget_, " fp16 blocks are free"));
     }
   }
-  auto region = backend_->Create(RegionKind::kTail, uint64_t{slots} * layout_.fp16_block_bytes());
+  auto region = backend_->Create(RegionKind::kTail, uint64_t{slots} * layout_.fp16_block_bytes(), p.client_pid);
   if (!region.ok()) return region.status();
   Session s;
   s.id = next_session_++;
@@ -236,6 +240,7 @@ absl::StatusOr<OpenResult> KvCore::OpenSession(const OpenParams& p) {
   v.tail_segment = s.tail_region->Describe();
   v.tail_slots = slots;
   v.epoch = epoch_;
+  v.daemon_pid = static_cast<int>(getpid());
   sessions_.emplace(s.id, std::move(s));
   return r;
 }

@@ -25,7 +25,7 @@ class HeapRegion final : public Region {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Region>> HeapBackend::Create(RegionKind, size_t bytes) {
+absl::StatusOr<std::unique_ptr<Region>> HeapBackend::Create(RegionKind, size_t bytes, int) {
   const size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
   if (p == nullptr) return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes"));

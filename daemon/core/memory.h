@@ -18,6 +18,7 @@ struct SegmentInfo {
   uint64_t bytes = 0;
   std::string cuda_ipc_handle;  // raw cudaIpcMemHandle_t bytes (cuda backend)
   int cuda_device = -1;
+  uint64_t device_pointer = 0;  // cuda: the daemon's own pointer, for clients in its process
 };
 
 // One contiguous allocation. Move-only owners; destruction releases the memory (and for
@@ -39,7 +40,13 @@ enum class RegionKind { kQuant, kSink, kTail };
 class MemoryBackend {
  public:
   virtual ~MemoryBackend() = default;
-  virtual absl::StatusOr<std::unique_ptr<Region>> Create(RegionKind kind, size_t bytes) = 0;
+  // owner_pid: the client process a kTail region is lent to (0: none). A backend whose
+  // memory an importer could still write after the region is destroyed (CUDA IPC) keeps it
+  // allocated until that process is gone.
+  virtual absl::StatusOr<std::unique_ptr<Region>> Create(RegionKind kind, size_t bytes, int owner_pid = 0) = 0;
+  // Bytes of destroyed regions the backend still holds for a live importer; the core counts
+  // them as used so resident memory stays within the capacity.
+  virtual uint64_t RetainedBytes() const { return 0; }
   // "host", "cuda" or "heap".
   virtual const char* name() const = 0;
   // Whether data() pointers may be dereferenced by the CPU.
@@ -49,7 +56,7 @@ class MemoryBackend {
 // Heap memory, for tests and in-process use. Not shareable between processes.
 class HeapBackend final : public MemoryBackend {
  public:
-  absl::StatusOr<std::unique_ptr<Region>> Create(RegionKind kind, size_t bytes) override;
+  absl::StatusOr<std::unique_ptr<Region>> Create(RegionKind kind, size_t bytes, int owner_pid = 0) override;
   const char* name() const override { return "heap"; }
   bool host_accessible() const override { return true; }
 };

@@ -49,6 +49,7 @@ void ToProto(const SegmentInfo& s, uint32_t blocks, v1::Segment* out) {
   out->set_block_offset(0);
   out->set_first_block(0);
   out->set_blocks(blocks);
+  out->set_device_pointer(s.device_pointer);
 }
 }  // namespace
 
@@ -64,6 +65,7 @@ void ToProto(const PoolView& p, const ModelConfig& model, v1::PoolDescription* o
   ToProto(p.tail_segment, p.tail_slots, out->mutable_tail_segment());
   out->set_tail_slots(p.tail_slots);
   out->set_epoch(p.epoch);
+  out->set_daemon_pid(p.daemon_pid);
 }
 
 void ToProto(const CoreStats& s, const std::string& preset, v1::StatsResponse* out) {

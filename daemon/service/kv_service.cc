@@ -102,6 +102,7 @@ grpc::Status KvService::OpenSession(grpc::ServerContext* ctx, const v1::OpenSess
     p.max_sequences = req->max_sequences();
     p.admin_token = req->admin_token();
     p.client_name = req->client_name();
+    p.client_pid = req->client_pid();
     auto r = core_->OpenSession(p);
     if (!r.ok()) {
       Log(LogLevel::kWarning, "session_refused", {{"tenant", p.tenant}, {"peer", ctx->peer()}, {"reason", r.status().ToString()}});

@@ -30,8 +30,8 @@ inline ModelConfig SmallModel(const std::string& preset = "kvarn_k4v2_g64", uint
 // scribbling on its shared-memory tail.
 class RecordingBackend final : public MemoryBackend {
  public:
-  absl::StatusOr<std::unique_ptr<Region>> Create(RegionKind kind, size_t bytes) override {
-    auto r = heap_.Create(kind, bytes);
+  absl::StatusOr<std::unique_ptr<Region>> Create(RegionKind kind, size_t bytes, int owner_pid = 0) override {
+    auto r = heap_.Create(kind, bytes, owner_pid);
     if (r.ok() && kind == RegionKind::kTail) tails.push_back((*r)->data());
     return r;
   }
