@@ -179,7 +179,7 @@ CodecStatus WriteNpy(const std::string& path, const NpyArray& a) {
                            static_cast<uint8_t>(header.size() >> 8)};
   if (std::fwrite(pre, 1, 10, f.get()) != 10 ||
       std::fwrite(header.data(), 1, header.size(), f.get()) != header.size() ||
-      std::fwrite(a.data.data(), 1, a.data.size(), f.get()) != a.data.size()) {
+      (!a.data.empty() && std::fwrite(a.data.data(), 1, a.data.size(), f.get()) != a.data.size())) {
     return InvalidArgument(path + ": write failed");
   }
   return {};
@@ -191,7 +191,7 @@ CodecStatus WriteNpyF32(const std::string& path, const std::vector<size_t>& shap
   a.type = NpyType::kF32;
   a.shape = shape;
   a.data.resize(a.size() * 4);
-  std::memcpy(a.data.data(), data, a.data.size());
+  if (!a.data.empty()) std::memcpy(a.data.data(), data, a.data.size());
   return WriteNpy(path, a);
 }
 

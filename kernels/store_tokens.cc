@@ -47,6 +47,30 @@ CodecStatus CheckStoreTokens(const Preset& preset, const BlockLayout& layout, in
       }
     }
   }
+  if (!preset.rotates()) return {};
+  // Rotation preserves a row's L2 norm and no element exceeds it, so only a row whose norm
+  // is beyond the fp16 range can overflow once rotated: rotate those to be sure.
+  std::vector<float> row(d);
+  for (int which = 0; which < 2; ++which) {
+    const void* src = which == 0 ? keys : values;
+    for (size_t r = 0; r < total / d; ++r) {
+      double norm2 = 0;
+      for (size_t c = 0; c < d; ++c) norm2 += static_cast<double>(ValueAt(src, r * d + c, dtype)) * ValueAt(src, r * d + c, dtype);
+      if (norm2 <= static_cast<double>(kFp16Max) * kFp16Max) continue;
+      for (size_t c = 0; c < d; ++c) row[c] = ValueAt(src, r * d + c, dtype);
+      FwhtInPlace(row.data(), static_cast<int>(d));
+      for (size_t c = 0; c < d; ++c) {
+        if (FloatToHalf(row[c]) == 0x7C00 || FloatToHalf(row[c]) == 0xFC00) {
+          const size_t slot = r % layout.slots();
+          return InvalidArgument(std::string(which == 0 ? "keys" : "values") + " of token " +
+                                 std::to_string(r / layout.slots()) + " (layer " +
+                                 std::to_string(slot / layout.num_kv_heads) + ", kv-head " +
+                                 std::to_string(slot % layout.num_kv_heads) +
+                                 ") overflow fp16 once rotated");
+        }
+      }
+    }
+  }
   return {};
 }
 

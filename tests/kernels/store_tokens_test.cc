@@ -1,0 +1,83 @@
+// Codec::StoreTokens: the worker-side write of new tokens into an fp16 slot.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "kernels/codec.h"
+#include "kernels/fp16.h"
+
+namespace kvarn {
+namespace {
+
+BlockLayout Layout(const Preset& p, int d) {
+  BlockLayout l;
+  l.num_layers = 3;
+  l.num_kv_heads = 2;
+  l.head_dim = d;
+  l.tile_tokens = p.tile_tokens;
+  l.record_bytes = p.RecordBytes(d);
+  return l;
+}
+
+class StoreTokensTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(StoreTokensTest, WritesRotatedFp16AndAgreesAcrossImplementations) {
+  Preset p;
+  ASSERT_TRUE(ParsePreset(GetParam(), &p).ok());
+  for (int d : {64, 128, 512}) {
+    const BlockLayout l = Layout(p, d);
+    const int n = 5, first = p.tile_tokens - n;
+    std::mt19937 rng(d);
+    std::normal_distribution<float> nd(0.0f, 3.0f);
+    std::vector<float> k(n * l.slots() * d), v(k.size());
+    for (float& x : k) x = nd(rng);
+    for (float& x : v) x = nd(rng);
+    std::vector<uint8_t> a(l.fp16_block_bytes(), 0xAB), b(a);
+    ASSERT_TRUE(Codec::Reference().StoreTokens(p, l, a.data(), first, n, k.data(), v.data(), DType::kF32).ok());
+    ASSERT_TRUE(Codec::Simd().StoreTokens(p, l, b.data(), first, n, k.data(), v.data(), DType::kF32).ok());
+    EXPECT_EQ(a, b) << "d=" << d;
+    // Token 2 of layer 1, kv-head 1 holds H x (or x) rounded to fp16; untouched tokens keep 0xAB.
+    std::vector<float> row(k.begin() + (2 * l.slots() + l.slot(1, 1)) * d, k.begin() + (2 * l.slots() + l.slot(1, 1) + 1) * d);
+    if (p.rotates()) FwhtInPlace(row.data(), d);
+    const auto* keys = reinterpret_cast<const uint16_t*>(a.data() + l.Fp16KeysOffset(1, 1));
+    for (int c = 0; c < d; ++c) ASSERT_EQ(keys[(first + 2) * d + c], FloatToHalf(row[c])) << c;
+    EXPECT_EQ(keys[(first - 1) * d], 0xABAB);
+  }
+}
+
+TEST_P(StoreTokensTest, RejectsBadInputWritingNothing) {
+  Preset p;
+  ASSERT_TRUE(ParsePreset(GetParam(), &p).ok());
+  const BlockLayout l = Layout(p, 64);
+  std::vector<float> k(2 * l.slots() * 64, 1.0f), v(k.size(), 1.0f);
+  std::vector<uint8_t> slot(l.fp16_block_bytes(), 0x5A);
+  const std::vector<uint8_t> before = slot;
+  for (const Codec* codec : {&Codec::Reference(), &Codec::Simd()}) {
+    EXPECT_EQ(codec->StoreTokens(p, l, slot.data(), p.tile_tokens - 1, 2, k.data(), v.data(), DType::kF32).code(),
+              CodecCode::kInvalidArgument);
+    EXPECT_EQ(codec->StoreTokens(p, l, slot.data(), -1, 1, k.data(), v.data(), DType::kF32).code(), CodecCode::kInvalidArgument);
+    EXPECT_EQ(codec->StoreTokens(p, l, slot.data(), 0, 0, k.data(), v.data(), DType::kF32).code(), CodecCode::kInvalidArgument);
+    std::vector<float> bad = v;
+    bad[77] = NAN;
+    EXPECT_EQ(codec->StoreTokens(p, l, slot.data(), 0, 2, k.data(), bad.data(), DType::kF32).code(), CodecCode::kInvalidArgument);
+    // Every channel 60000: in range, but the rotated first channel is 60000 * 8 (rotating presets).
+    std::vector<float> big(k.size(), 60000.0f);
+    const CodecStatus s = codec->StoreTokens(p, l, slot.data(), 0, 2, big.data(), v.data(), DType::kF32);
+    if (p.rotates()) {
+      EXPECT_EQ(s.code(), CodecCode::kInvalidArgument);
+      EXPECT_THAT(s.message(), ::testing::HasSubstr("overflow"));
+    } else {
+      EXPECT_TRUE(s.ok());
+      slot = before;
+    }
+    EXPECT_EQ(slot, before);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, StoreTokensTest,
+                         ::testing::Values("kvarn_k4v2_g128", "kvarn_k2v2_g64", "hadamard_k4v4_g128", "kivi_k4v2_g64", "fp16"));
+
+}  // namespace
+}  // namespace kvarn
