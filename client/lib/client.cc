@@ -72,6 +72,7 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
   req.set_admin_token(o.admin_token);
   req.set_client_name(o.client_name);
   req.set_client_pid(static_cast<int32_t>(getpid()));
+  req.set_observer(o.observer);
   v1::OpenSessionResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.rpc_timeout));
@@ -80,6 +81,26 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
   if (absl::Status m = session->MapPool(); !m.ok()) return m;
   session->keepalive_ = std::thread([p = session.get()] { p->KeepAliveLoop(); });
   return session;
+}
+
+absl::StatusOr<v1::DescribeResponse> Client::Describe() {
+  v1::DescribeRequest req;
+  v1::DescribeResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.rpc_timeout));
+  if (grpc::Status s = stub_->Describe(&ctx, req, &resp); !s.ok()) return FromGrpc(s);
+  return resp;
+}
+
+Layout Client::LayoutOf(const v1::DescribeResponse& d) {
+  Layout l;
+  l.model_id = d.layout().model_id();
+  l.num_layers = d.layout().num_layers();
+  l.num_kv_heads = d.layout().num_kv_heads();
+  l.head_dim = d.layout().head_dim();
+  l.preset = d.layout().preset();
+  l.sink_tokens = d.layout().sink_tokens();
+  return l;
 }
 
 Session::Session(Client* client, const v1::OpenSessionResponse& open, const Preset& preset)
@@ -105,6 +126,7 @@ absl::Status Session::MapPool() {
     if (!s.ok()) return s.status();
     sink_ = std::move(*s);
   }
+  if (pool_.tail_slots() == 0) return absl::OkStatus();  // an observer session
   auto t = ShmMapping::Open(pool_.tail_segment().name(), pool_.tail_segment().bytes(), /*writable=*/true);
   if (!t.ok()) return t.status();
   tail_ = std::move(*t);

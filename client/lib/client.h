@@ -51,6 +51,7 @@ struct SessionOptions {
   uint32_t max_sequences = 0;  // tail slots; 0 = the daemon's default
   std::string admin_token;
   std::string client_name;
+  bool observer = false;  // no tail slots: for status tools that create no sequences
 };
 
 struct ClientOptions {
@@ -88,6 +89,10 @@ class Client {
                                                          ClientOptions options = {},
                                                          absl::Duration connect_timeout = absl::Seconds(5));
   absl::StatusOr<std::unique_ptr<Session>> OpenSession(const SessionOptions& options);
+  // The daemon's layout (what OpenSession must declare), epoch and backend; no session.
+  absl::StatusOr<v1::DescribeResponse> Describe();
+  // The daemon's layout as SessionOptions::layout expects it.
+  static Layout LayoutOf(const v1::DescribeResponse& d);
 
   v1::KvCache::Stub& stub() { return *stub_; }
   const ClientOptions& options() const { return options_; }

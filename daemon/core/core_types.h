@@ -90,6 +90,7 @@ struct OpenParams {
   uint32_t max_sequences = 0;
   std::string admin_token;
   std::string client_name;
+  bool observer = false;  // no tail slots: for status tools
 };
 
 struct OpenResult {

@@ -199,7 +199,7 @@ absl::StatusOr<OpenResult> KvCore::OpenSession(const OpenParams& p) {
     return absl::InvalidArgumentError(absl::StrCat("layout mismatch: the daemon serves ", DescribeModel(config_.model),
                                                    "; the session declared ", DescribeModel(p.layout)));
   }
-  const uint32_t slots = p.max_sequences == 0 ? config_.default_tail_slots : p.max_sequences;
+  const uint32_t slots = p.observer ? 0 : p.max_sequences == 0 ? config_.default_tail_slots : p.max_sequences;
   if (slots > config_.max_tail_slots) {
     return absl::InvalidArgumentError(absl::StrCat("max_sequences ", slots, " exceeds the limit ", config_.max_tail_slots));
   }
@@ -213,14 +213,18 @@ absl::StatusOr<OpenResult> KvCore::OpenSession(const OpenParams& p) {
           " of ", fp16_budget_, " fp16 blocks are free"));
     }
   }
-  auto region = backend_->Create(RegionKind::kTail, uint64_t{slots} * layout_.fp16_block_bytes(), p.client_pid);
-  if (!region.ok()) return region.status();
+  std::unique_ptr<Region> tail;
+  if (slots > 0) {
+    auto region = backend_->Create(RegionKind::kTail, uint64_t{slots} * layout_.fp16_block_bytes(), p.client_pid);
+    if (!region.ok()) return region.status();
+    tail = std::move(*region);
+  }
   Session s;
   s.id = next_session_++;
   s.tenant = InternTenant(p.tenant);
   s.client_name = p.client_name;
   s.admin = !config_.admin_token.empty() && p.admin_token == config_.admin_token;
-  s.tail_region = std::move(*region);
+  s.tail_region = std::move(tail);
   s.slots = slots;
   for (uint32_t i = slots; i > 0; --i) s.free_slots.push_back(i - 1);
   s.last_seen = clock_->Now();
@@ -237,7 +241,7 @@ absl::StatusOr<OpenResult> KvCore::OpenSession(const OpenParams& p) {
   v.sink_blocks = pools_.pool(BlockClass::kSink).total();
   v.quant_segment = quant_region_->Describe();
   if (sink_region_) v.sink_segment = sink_region_->Describe();
-  v.tail_segment = s.tail_region->Describe();
+  if (s.tail_region) v.tail_segment = s.tail_region->Describe();
   v.tail_slots = slots;
   v.epoch = epoch_;
   v.daemon_pid = static_cast<int>(getpid());
@@ -343,7 +347,9 @@ absl::StatusOr<CreateResult> KvCore::CreateSequence(SessionRef ref, std::span<co
   Session& session = **s;
   if (draining_) return absl::UnavailableError("draining: create the sequence elsewhere");
   if (session.free_slots.empty()) {
-    return absl::ResourceExhaustedError(absl::StrCat("all ", session.slots, " tail slots of this session are in use; release a sequence"));
+    return absl::ResourceExhaustedError(session.slots == 0
+        ? std::string("an observer session has no tail slots: open one with max_sequences")
+        : absl::StrCat("all ", session.slots, " tail slots of this session are in use; release a sequence"));
   }
   Sequence q;
   q.id = next_sequence_++;

@@ -60,6 +60,7 @@ class KvCore {
   Region& quant_region() const { return *quant_region_; }
   Region* sink_region() const { return sink_region_.get(); }
   EventLog& events() { return events_; }
+  const char* backend_name() const { return backend_->name(); }
 
   absl::StatusOr<OpenResult> OpenSession(const OpenParams& params);
   // Lease: a keep-alive message; stream attach/detach of the session's keep-alive stream.

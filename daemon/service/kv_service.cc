@@ -93,6 +93,19 @@ grpc::ServerBidiReactor<v1::KeepAliveRequest, v1::KeepAliveResponse>* KvService:
   return new KeepAliveReactor(core_);
 }
 
+grpc::Status KvService::Describe(grpc::ServerContext*, const v1::DescribeRequest*, v1::DescribeResponse* resp) {
+  return Timed("Describe", [&] {
+    ToProto(core_->config().model, resp->mutable_layout());
+    resp->set_epoch(core_->epoch());
+    resp->set_backend(core_->backend_name());
+    resp->set_tile_tokens(static_cast<uint32_t>(core_->preset().tile_tokens));
+    resp->set_record_bytes(core_->layout().record_bytes);
+    resp->set_capacity_bytes(core_->config().capacity_bytes);
+    resp->set_version(KVARN_VERSION);
+    return grpc::Status::OK;
+  });
+}
+
 grpc::Status KvService::OpenSession(grpc::ServerContext* ctx, const v1::OpenSessionRequest* req,
                                     v1::OpenSessionResponse* resp) {
   return Timed("OpenSession", [&] {
@@ -103,6 +116,7 @@ grpc::Status KvService::OpenSession(grpc::ServerContext* ctx, const v1::OpenSess
     p.admin_token = req->admin_token();
     p.client_name = req->client_name();
     p.client_pid = req->client_pid();
+    p.observer = req->observer();
     auto r = core_->OpenSession(p);
     if (!r.ok()) {
       Log(LogLevel::kWarning, "session_refused", {{"tenant", p.tenant}, {"peer", ctx->peer()}, {"reason", r.status().ToString()}});

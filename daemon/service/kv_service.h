@@ -32,6 +32,7 @@ class KvService final : public v1::KvCache::WithCallbackMethod_KeepAlive<v1::KvC
   // Ends Watch streams promptly (they poll for this) before the server shuts down.
   void Stop() { stopping_.store(true); }
 
+  grpc::Status Describe(grpc::ServerContext* ctx, const v1::DescribeRequest* req, v1::DescribeResponse* resp) override;
   grpc::Status OpenSession(grpc::ServerContext* ctx, const v1::OpenSessionRequest* req, v1::OpenSessionResponse* resp) override;
   grpc::ServerBidiReactor<v1::KeepAliveRequest, v1::KeepAliveResponse>* KeepAlive(grpc::CallbackServerContext* ctx) override;
   grpc::Status CloseSession(grpc::ServerContext* ctx, const v1::CloseSessionRequest* req, v1::CloseSessionResponse* resp) override;

@@ -408,3 +408,26 @@ TEST_F(CoreTest, DrainingRefusesNewWork) {
 
 }  // namespace
 }  // namespace kvarn::testing
+
+namespace kvarn::testing {
+namespace {
+
+TEST_F(CoreTest, ObserverSessionsReserveNoTailSlots) {
+  MakeCore(8, 4);
+  OpenParams p;
+  p.tenant = "ops";
+  p.layout = model_;
+  p.observer = true;
+  auto r = core_->OpenSession(p);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->pool.tail_slots, 0u);
+  const SessionRef s{r->session, core_->epoch()};
+  EXPECT_EQ(core_->CreateSequence(s, Tokens(0, 10)).status().code(), absl::StatusCode::kResourceExhausted);
+  auto st = core_->Stats(s);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->tail_slots_reserved, 0u);
+  EXPECT_EQ(st->sessions, 1u);
+}
+
+}  // namespace
+}  // namespace kvarn::testing
