@@ -15,6 +15,7 @@
 
 #include "client/kvarnctl/codec_command.h"
 #include "client/kvarnctl/command.h"
+#include "client/kvarnctl/daemon_commands.h"
 
 namespace kvarn::ctl {
 namespace {
@@ -22,6 +23,13 @@ namespace {
 constexpr Subcommand kCommands[] = {
     {"codec", "the codec on your own K/V (.npy): encode, decode, eval, synth; no daemon needed",
      &RunCodecCommand},
+    {"status", "a running kvarnd: capacity, usage by block state, prefix hit rate, sessions",
+     &RunStatus},
+    {"sequences", "the live sequences of your tenant (all with the admin token)", &RunSequences},
+    {"evict", "evict cached blocks: yours, a tenant's, N bytes or all", &RunEvict},
+    {"watch", "stream block stored/removed events with their prefix hashes", &RunWatch},
+    {"demo", "simulated workers sharing system prompts through kvarnd, with a summary",
+     &RunDemo},
 };
 
 void PrintHelp(std::ostream& os) {
