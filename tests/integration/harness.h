@@ -1,0 +1,159 @@
+// Process harness of the integration tests: a real kvarnd started from its binary, client
+// helper processes (kvarn_test_client) talking to it over its Unix socket, and the OS-level
+// checks the tests need (shared-memory segments in /dev/shm, a plain HTTP GET, running
+// promtool).
+//
+// Every resource is RAII: a Daemon or Child that goes out of scope while its process still
+// runs kills it with SIGKILL and reaps it, and a Daemon removes the segments a killed daemon
+// left behind, so a failing test does not leak processes or shared memory into the next one.
+// The tests themselves assert that a daemon stopped with SIGTERM removed every segment.
+//
+// Not thread-safe; one test thread drives each object.
+#ifndef KVARN_TESTS_INTEGRATION_HARNESS_H_
+#define KVARN_TESTS_INTEGRATION_HARNESS_H_
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/lib/client.h"
+
+namespace kvarn::it {
+
+// Paths compiled in by CMake.
+std::string KvarndBinary();
+std::string TestClientBinary();
+std::string PromtoolBinary();
+
+// The small model every integration test uses: L=2 layers, 2 kv-heads, D=64, 64-token tiles,
+// KVarN 4-bit keys / 2-bit values, first tile kept fp16 (sink).
+Layout SmallLayout();
+inline constexpr int kTile = 64;
+
+// A fresh directory under /tmp, removed (recursively) on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// A process unique name, e.g. "it-1234-3": an instance name kvarnd accepts.
+std::string UniqueInstance();
+
+// Names of the /dev/shm entries of one kvarnd instance ("kvarnd.<instance>.*").
+std::vector<std::string> ShmSegments(const std::string& instance);
+// Sum of the tmpfs bytes actually allocated (st_blocks * 512) behind those segments.
+uint64_t ShmResidentBytes(const std::string& instance);
+bool ShmExists(const std::string& name);
+// Removes every segment of the instance; returns how many it removed.
+int RemoveShmSegments(const std::string& instance);
+
+struct DaemonOptions {
+  std::string instance;                 // default: UniqueInstance()
+  std::string socket_path;              // default: <tempdir>/kvarnd.sock
+  std::vector<std::string> extra_flags;  // "--key=value", appended after the defaults
+};
+
+// A kvarnd process. Start waits until it logged kvarnd_started (its segments exist, gRPC and
+// metrics listen) and a client connected.
+class Daemon {
+ public:
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(DaemonOptions options);
+  ~Daemon();  // SIGKILL + reap if still running, then removes leftover segments
+
+  pid_t pid() const { return pid_; }
+  const std::string& instance() const { return instance_; }
+  const std::string& socket_path() const { return socket_path_; }
+  std::string target() const { return "unix:" + socket_path_; }
+  int metrics_port() const { return metrics_port_; }
+  uint64_t epoch() const { return epoch_; }
+  const std::string& log_path() const { return log_path_; }
+  std::string Log() const;  // the daemon's stderr so far
+  bool Running();
+
+  // SIGTERM, then waits up to `timeout` for a clean exit. Returns the exit status (as from
+  // waitpid) or DEADLINE_EXCEEDED after killing it with SIGKILL.
+  absl::StatusOr<int> Stop(std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  // SIGKILL and reap: a crash. Leaves its segments behind, as a real crash does.
+  void Kill();
+
+  // A client connected to this daemon.
+  absl::StatusOr<std::unique_ptr<Client>> Connect() const;
+
+ private:
+  Daemon() = default;
+  std::unique_ptr<TempDir> dir_;
+  pid_t pid_ = -1;
+  std::string instance_, socket_path_, log_path_;
+  int metrics_port_ = 0;
+  uint64_t epoch_ = 0;
+};
+
+// A child process with its stdin and stdout on pipes (stderr is inherited), for the
+// kvarn_test_client helper: it prints key=value lines the test waits for.
+class Child {
+ public:
+  static absl::StatusOr<std::unique_ptr<Child>> Spawn(const std::string& binary,
+                                                      const std::vector<std::string>& args);
+  ~Child();  // SIGKILL + reap if still running
+
+  pid_t pid() const { return pid_; }
+  // The next stdout line (without '\n'); DEADLINE_EXCEEDED after timeout, OUT_OF_RANGE at EOF.
+  absl::StatusOr<std::string> ReadLine(std::chrono::milliseconds timeout);
+  // Reads lines until one starts with `prefix` and returns it; lines before are kept in
+  // transcript().
+  absl::StatusOr<std::string> WaitFor(const std::string& prefix, std::chrono::milliseconds timeout);
+  bool WriteLine(const std::string& line);
+  void CloseStdin();
+  bool Signal(int sig);
+  // Waits for exit; returns the waitpid status, or DEADLINE_EXCEEDED.
+  absl::StatusOr<int> Wait(std::chrono::milliseconds timeout);
+  void KillAndReap();
+  const std::string& transcript() const { return transcript_; }
+
+ private:
+  Child() = default;
+  pid_t pid_ = -1;
+  int in_ = -1, out_ = -1;
+  std::string buffer_, transcript_;
+  bool eof_ = false;
+};
+
+// "key=value key=value" (after an optional leading word) -> map.
+std::map<std::string, std::string> ParseFields(const std::string& line);
+uint64_t FieldU64(const std::map<std::string, std::string>& f, const std::string& key);
+
+// HTTP/1.0 GET of http://127.0.0.1:port/path; returns the body when the status is 200.
+absl::StatusOr<std::string> HttpGet(int port, const std::string& path);
+
+// Runs `binary args...` with `input` on its stdin; returns (exit status, stdout + stderr).
+absl::StatusOr<std::pair<int, std::string>> RunWithInput(const std::string& binary,
+                                                         const std::vector<std::string>& args,
+                                                         const std::string& input);
+
+// Prometheus text format: the value of the sample with exactly this name and label set
+// (labels as written, e.g. `{class="total"}`, or "" for none).
+std::optional<double> MetricValue(const std::string& text, const std::string& name,
+                                  const std::string& labels = "");
+
+// Milliseconds since an arbitrary start (steady clock).
+double NowMs();
+// Percentile (0..100) of a sample, nearest-rank.
+double Percentile(std::vector<double> v, double p);
+
+}  // namespace kvarn::it
+
+#endif  // KVARN_TESTS_INTEGRATION_HARNESS_H_
