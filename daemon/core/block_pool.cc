@@ -101,6 +101,23 @@ std::optional<uint32_t> BlockPool::EvictionCandidate(std::optional<uint32_t> ten
   return std::nullopt;
 }
 
+std::optional<uint32_t> BlockPool::EvictionCandidateUnder(uint32_t root) const {
+  for (const auto& [tick, id] : lru_) {
+    if (info_[id].has_root && info_[id].root == root) return id;
+  }
+  return std::nullopt;
+}
+
+std::optional<uint32_t> BlockPool::OldestCached(std::optional<uint32_t> tenant) const {
+  std::optional<uint32_t> best;
+  for (uint32_t id = 0; id < info_.size(); ++id) {
+    const BlockInfo& b = info_[id];
+    if (b.state != BlockState::kCached || (tenant.has_value() && b.tenant != *tenant)) continue;
+    if (!best || b.last_use < info_[*best].last_use) best = id;
+  }
+  return best;
+}
+
 BlockInfo BlockPool::Evict(uint32_t id) {
   BlockInfo old = info_[id];
   lru_.erase({old.last_use, id});
@@ -110,6 +127,11 @@ BlockInfo BlockPool::Evict(uint32_t id) {
   ++counts_[static_cast<int>(BlockState::kFree)];
   free_.push_back(id);
   return old;
+}
+
+void BlockPool::SetRoot(uint32_t id, bool has_root, uint32_t root) {
+  info_[id].has_root = has_root;
+  info_[id].root = root;
 }
 
 void BlockPool::AddChild(uint32_t id) {
@@ -163,7 +185,13 @@ absl::Status BlockPool::CheckInvariants() const {
 
 void PoolSet::Publish(BlockRef b, const BlockHash& hash, std::optional<BlockRef> parent, uint32_t tenant) {
   pool(b.cls).Publish(b.id, hash, parent, tenant);
-  if (parent.has_value()) pool(parent->cls).AddChild(parent->id);
+  if (!parent.has_value()) return;
+  pool(parent->cls).AddChild(parent->id);
+  if (b.cls == BlockClass::kQuant) {
+    const BlockInfo& p = pool(parent->cls).info(parent->id);
+    const bool from_sink = parent->cls == BlockClass::kSink;
+    quant_.SetRoot(b.id, from_sink || p.has_root, from_sink ? parent->id : p.root);
+  }
 }
 
 BlockInfo PoolSet::Evict(BlockRef b) {
@@ -189,6 +217,14 @@ absl::Status PoolSet::CheckInvariants() const {
           return absl::InternalError(absl::StrCat("block ", id, " names a parent that is not indexed"));
         }
         ++expect[static_cast<int>(b.parent.cls)][b.parent.id];
+        if (c == BlockClass::kQuant) {
+          const BlockInfo& pi = pp.info(b.parent.id);
+          const bool want_root = b.parent.cls == BlockClass::kSink || pi.has_root;
+          const uint32_t root = b.parent.cls == BlockClass::kSink ? b.parent.id : pi.root;
+          if (b.has_root != want_root || (want_root && b.root != root)) {
+            return absl::InternalError(absl::StrCat("quant block ", id, " names the wrong chain root"));
+          }
+        }
       }
     }
   }

@@ -48,6 +48,8 @@ struct BlockInfo {
   uint64_t last_use = 0;  // logical tick of the last release or adoption
   bool has_parent = false;
   BlockRef parent;
+  bool has_root = false;  // a quantized block whose chain starts with a sink block
+  uint32_t root = 0;      // that sink block
   BlockHash hash{};
   uint32_t tenant = 0;  // interned tenant id, for eviction by tenant and isolation
 };
@@ -76,11 +78,16 @@ class BlockPool {
   void Release(uint32_t id, uint64_t tick);
   // The least recently used evictable leaf, optionally of one tenant only.
   std::optional<uint32_t> EvictionCandidate(std::optional<uint32_t> tenant) const;
+  // The least recently used evictable leaf whose chain starts at sink block `root`.
+  std::optional<uint32_t> EvictionCandidateUnder(uint32_t root) const;
+  // The least recently used cached block, leaf or not (nullopt if none), optionally of one tenant.
+  std::optional<uint32_t> OldestCached(std::optional<uint32_t> tenant) const;
   // kCached leaf -> kFree, out of the index. Returns its info as it was (hash, parent).
   BlockInfo Evict(uint32_t id);
 
   // Child bookkeeping, called by PoolSet when an indexed child appears or goes.
   void AddChild(uint32_t id);
+  void SetRoot(uint32_t id, bool has_root, uint32_t root);
   void RemoveChild(uint32_t id);
 
   // Every block in exactly one state, counts and lists consistent. Returns the first problem.

@@ -18,8 +18,22 @@ std::optional<uint32_t> KvCore::AllocateBlock(BlockClass c) {
 
 bool KvCore::EvictOne(BlockClass c, EvictReason reason, std::optional<uint32_t> tenant) {
   const std::optional<uint32_t> victim = pools_.pool(c).EvictionCandidate(tenant);
-  if (!victim.has_value()) return false;
-  EvictBlock({c, *victim}, reason);
+  if (victim.has_value()) {
+    EvictBlock({c, *victim}, reason);
+    return true;
+  }
+  if (c != BlockClass::kSink) return false;
+  // Every cached sink heads a chain of cached quantized blocks (a sequence holding any block
+  // of a chain holds all of it, sink included). Free the least recently used one: its chain
+  // goes first, leaves first, then the sink itself.
+  const std::optional<uint32_t> sink = pools_.pool(BlockClass::kSink).OldestCached(tenant);
+  if (!sink.has_value()) return false;
+  while (pools_.pool(BlockClass::kSink).info(*sink).children > 0) {
+    const std::optional<uint32_t> leaf = pools_.pool(BlockClass::kQuant).EvictionCandidateUnder(*sink);
+    if (!leaf.has_value()) return false;  // unreachable while the invariants hold
+    EvictBlock({BlockClass::kQuant, *leaf}, reason);
+  }
+  EvictBlock({BlockClass::kSink, *sink}, reason);
   return true;
 }
 

@@ -74,9 +74,14 @@ absl::Status KvCore::PlanAppend(SessionRef ref, SequenceId seq, std::span<const 
       const std::optional<uint32_t> id = AllocateBlock(plan->cls);
       if (!id.has_value()) {
         const BlockPool& p = pools_.pool(plan->cls);
+        if (plan->cls == BlockClass::kQuant) {
+          return absl::ResourceExhaustedError(absl::StrCat("no free quantized block: all ", p.total(),
+                                                           " are referenced; release or preempt a sequence"));
+        }
         return absl::ResourceExhaustedError(absl::StrCat(
-            "no free ", plan->cls == BlockClass::kQuant ? "quantized" : "fp16 sink", " block: all ",
-            p.total(), " are referenced or reserved; release or preempt a sequence"));
+            "no free fp16 block: ", p.count(BlockState::kActive) + p.count(BlockState::kSealing),
+            " sink blocks referenced and ", tail_slots_reserved_, " tail slots reserved of ", fp16_budget_,
+            "; release or preempt a sequence"));
       }
       plan->own_block = true;
       plan->block = BlockRef{plan->cls, *id};

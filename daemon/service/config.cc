@@ -130,6 +130,13 @@ const std::map<std::string, Key>& Keys() {
       {"metrics", Str("host:port of the Prometheus /metrics endpoint, empty disables (default 127.0.0.1:9464)", &DaemonConfig::metrics)},
       {"seal_threads", Int("threads quantizing one block (default 1)", &DaemonConfig::seal_threads, 1, 256)},
       {"max_message_mb", Int("largest gRPC message accepted, MiB (default 64)", &DaemonConfig::max_message_mb, 1, 1024)},
+      {"drain_ms", {"on SIGTERM, in-flight calls get this long before they are cancelled, ms (default 2000)",
+                    [](const std::string& v, DaemonConfig* c) {
+                      int64_t x;
+                      if (!absl::SimpleAtoi(v, &x) || x < 0) return Bad("drain_ms", v, "a non-negative number of milliseconds");
+                      c->drain = absl::Milliseconds(x);
+                      return absl::OkStatus();
+                    }}},
       {"log_level", Str("debug, info, warning or error (default info)", &DaemonConfig::log_level)},
   };
   return *keys;

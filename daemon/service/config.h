@@ -25,6 +25,7 @@ struct DaemonConfig {
   int max_message_mb = 64;                  // gRPC receive limit
   std::string log_level = "info";
   absl::Duration expiry_scan = absl::Milliseconds(50);  // lease check period
+  absl::Duration drain = absl::Seconds(2);  // SIGTERM: in-flight calls get this long
 };
 
 // Parses argv (after the program name). `--config=FILE` is read first; `--help` sets

@@ -36,15 +36,21 @@ grpc::Status KvService::Timed(std::string_view method, F&& body) {
 
 // The session's lease. The first message attaches the stream to the session; each one is a
 // heartbeat answered with the epoch; the stream's end (client exit, crash, network loss)
-// detaches it and starts the grace period.
+// detaches it and starts the grace period. Registered with the service so Stop() can end it.
 class KvService::KeepAliveReactor final
     : public grpc::ServerBidiReactor<v1::KeepAliveRequest, v1::KeepAliveResponse> {
  public:
-  explicit KeepAliveReactor(KvCore* core) : core_(core) { StartRead(&request_); }
+  explicit KeepAliveReactor(KvService* service) : service_(service), core_(service->core_) {
+    {
+      absl::MutexLock lock(&service_->reactors_mu_);
+      service_->reactors_.insert(this);
+    }
+    StartRead(&request_);
+  }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
-      Finish(grpc::Status::OK);
+      FinishOnce(grpc::Status::OK);
       return;
     }
     const SessionRef ref = FromProto(request_.session());
@@ -61,7 +67,7 @@ class KvService::KeepAliveReactor final
       s = core_->KeepAlive(ref);
     }
     if (!s.ok()) {
-      Finish(ToGrpc(s));
+      FinishOnce(ToGrpc(s));
       return;
     }
     response_.set_epoch(core_->epoch());
@@ -70,27 +76,49 @@ class KvService::KeepAliveReactor final
   }
   void OnWriteDone(bool ok) override {
     if (!ok) {
-      Finish(grpc::Status::OK);
+      FinishOnce(grpc::Status::OK);
       return;
     }
     StartRead(&request_);
   }
+  // Called by Stop() with the service's reactor lock held (OnDone waits for it).
+  void Drain() { FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE, "kvarnd is shutting down")); }
   void OnDone() override {
     if (attached_) core_->DetachStream(session_);
+    {
+      absl::MutexLock lock(&service_->reactors_mu_);
+      service_->reactors_.erase(this);
+    }
     delete this;
   }
 
  private:
+  void FinishOnce(const grpc::Status& s) {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    finished_ = true;
+    Finish(s);
+  }
+
+  KvService* service_;
   KvCore* core_;
   v1::KeepAliveRequest request_;
   v1::KeepAliveResponse response_;
   bool attached_ = false;
   SessionId session_ = 0;
+  absl::Mutex mu_;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
+
+void KvService::Stop() {
+  stopping_.store(true);
+  absl::MutexLock lock(&reactors_mu_);
+  for (KeepAliveReactor* r : reactors_) r->Drain();
+}
 
 grpc::ServerBidiReactor<v1::KeepAliveRequest, v1::KeepAliveResponse>* KvService::KeepAlive(
     grpc::CallbackServerContext*) {
-  return new KeepAliveReactor(core_);
+  return new KeepAliveReactor(this);
 }
 
 grpc::Status KvService::Describe(grpc::ServerContext*, const v1::DescribeRequest*, v1::DescribeResponse* resp) {

@@ -8,6 +8,9 @@
 #include <atomic>
 #include <string_view>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+
 #include "absl/time/time.h"
 #include "daemon/core/kv_core.h"
 #include "kvarn/v1/kvarn.grpc.pb.h"
@@ -29,8 +32,9 @@ class KvService final : public v1::KvCache::WithCallbackMethod_KeepAlive<v1::KvC
   };
   KvService(KvCore* core, Options options, RpcObserver* observer = nullptr);
 
-  // Ends Watch streams promptly (they poll for this) before the server shuts down.
-  void Stop() { stopping_.store(true); }
+  // Ends every stream before the server shuts down: Watch loops (they poll for this) and
+  // keep-alive streams (finished with UNAVAILABLE), so shutdown does not wait on them.
+  void Stop();
 
   grpc::Status Describe(grpc::ServerContext* ctx, const v1::DescribeRequest* req, v1::DescribeResponse* resp) override;
   grpc::Status OpenSession(grpc::ServerContext* ctx, const v1::OpenSessionRequest* req, v1::OpenSessionResponse* resp) override;
@@ -59,6 +63,8 @@ class KvService final : public v1::KvCache::WithCallbackMethod_KeepAlive<v1::KvC
   Options options_;
   RpcObserver* observer_;
   std::atomic<bool> stopping_{false};
+  absl::Mutex reactors_mu_;
+  absl::flat_hash_set<KeepAliveReactor*> reactors_ ABSL_GUARDED_BY(reactors_mu_);
 };
 
 }  // namespace kvarn

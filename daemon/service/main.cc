@@ -2,6 +2,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -37,7 +38,10 @@ int main(int argc, char** argv) {
   int sig = 0;
   sigwait(&stop, &sig);
   kvarn::Log(kvarn::LogLevel::kInfo, "signal", {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"}});
-  (*server)->Shutdown();
-  server->reset();
-  return 0;
+  (*server)->Shutdown(config->drain);
+  // Everything that outlives the process is released by now (segments unlinked, socket
+  // removed, calls finished). gRPC's library teardown can wait seconds on an idle internal
+  // poller, so leave without running it.
+  std::fflush(stderr);
+  std::_Exit(0);
 }

@@ -108,13 +108,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const DaemonConfig& config
   // Inline appends carry K/V; bigger messages get RESOURCE_EXHAUSTED from gRPC itself.
   builder.SetMaxReceiveMessageSize(config.max_message_mb << 20);
   builder.SetMaxSendMessageSize(config.max_message_mb << 20);
-  // HTTP/2 pings every 10 s find dead TCP peers even when no keep-alive message is due;
-  // the lease TTL remains the authority on session liveness.
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // The server sends no HTTP/2 pings of its own: the lease (keep-alive stream, TTL) is the
+  // authority on session liveness, and clients ping (every 10 s) to find a dead daemon. Accept
+  // their pings even between calls.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  // The synchronous pool's pollers wake at least this often; gRPC's 10 s default is how long
+  // a stopped server could linger in its teardown.
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::CQ_TIMEOUT_MSEC, 100);
   s->grpc_ = builder.BuildAndStart();
   if (s->grpc_ == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat("cannot listen on ", config.listen.empty() ? config.tcp : config.listen,
@@ -156,15 +157,25 @@ void Server::ExpiryLoop() {
 void Server::Shutdown(absl::Duration deadline) {
   if (shut_down_.exchange(true)) return;
   Log(LogLevel::kInfo, "kvarnd_draining", {});
-  core_->BeginDrain();
-  grpc::HealthCheckServiceInterface* health = grpc_->GetHealthCheckService();
-  if (health != nullptr) health->Shutdown();
-  service_->Stop();
-  grpc_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(deadline));
+  // A Start that failed part-way (e.g. --backend=cuda without a device) leaves later
+  // members unset.
+  if (core_) core_->BeginDrain();
+  if (grpc_) {
+    grpc::HealthCheckServiceInterface* health = grpc_->GetHealthCheckService();
+    if (health != nullptr) health->Shutdown();
+  }
+  if (service_) service_->Stop();
+  if (grpc_) {
+    grpc_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(deadline));
+    grpc_->Wait();
+  }
   stop_expiry_.Notify();
   if (expiry_.joinable()) expiry_.join();
   if (exporter_) exporter_->Stop();
   if (!config_.listen.empty()) unlink(config_.listen.c_str());
+  // No handler runs any more and nothing scrapes: release the pool now (segments are
+  // unlinked) rather than when gRPC's own teardown finishes.
+  core_.reset();
   Log(LogLevel::kInfo, "kvarnd_stopped", {});
 }
 

@@ -431,3 +431,36 @@ TEST_F(CoreTest, ObserverSessionsReserveNoTailSlots) {
 
 }  // namespace
 }  // namespace kvarn::testing
+
+namespace kvarn::testing {
+namespace {
+
+// A cached sink heads a chain of cached quantized blocks, so it is never a leaf; allocating
+// a sink (or reserving tail slots) must evict the least recently used chain, leaves first.
+TEST_F(CoreTest, SinkPressureEvictsCachedChainsLeavesFirst) {
+  MakeCore(64, 8);
+  SessionRef s = Open("a", 2);  // 2 of 8 fp16 blocks reserved: 6 sinks fit
+  std::vector<BlockTableView> tables;
+  for (uint32_t i = 0; i < 10; ++i) {
+    auto q = core_->CreateSequence(s, std::vector<uint32_t>{});
+    ASSERT_TRUE(q.ok());
+    tables.push_back(AppendAll(s, q->sequence, Tokens(10000 * i, 2 * 64), 0));  // sink + 1 quantized
+    ASSERT_EQ(tables.back().quant_blocks.size(), 1u) << "sequence " << i;
+    ASSERT_TRUE(core_->Release(s, std::vector<SequenceId>{q->sequence}).ok());
+    ASSERT_TRUE(core_->CheckInvariants().ok()) << core_->CheckInvariants();
+  }
+  // The four oldest chains went, the six newest stayed.
+  for (uint32_t i = 0; i < 10; ++i) {
+    EXPECT_EQ(core_->Lookup(s, Tokens(10000 * i, 2 * 64 + 1)).value(), i < 4 ? 0u : 128u) << i;
+  }
+  OpenParams p;
+  p.tenant = "b";
+  p.layout = model_;
+  p.max_sequences = 2;
+  EXPECT_TRUE(core_->OpenSession(p).ok());  // evicts two more chains
+  EXPECT_EQ(core_->Lookup(s, Tokens(10000 * 4, 2 * 64 + 1)).value(), 0u);
+  EXPECT_EQ(core_->Lookup(s, Tokens(10000 * 9, 2 * 64 + 1)).value(), 128u);
+}
+
+}  // namespace
+}  // namespace kvarn::testing
