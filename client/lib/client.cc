@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "client/lib/cuda_pool.h"
 
 namespace kvarn {
 namespace {
@@ -114,6 +115,17 @@ Session::Session(Client* client, const v1::OpenSessionResponse& open, const Pres
 }
 
 absl::Status Session::MapPool() {
+  if (pool_.backend() == v1::PoolDescription::BACKEND_CUDA) {
+#if KVARN_CLIENT_CUDA
+    auto d = OpenDevicePool(pool_, preset_, layout_);
+    if (!d.ok()) return d.status();
+    device_ = std::move(*d);
+    return absl::OkStatus();
+#else
+    return absl::UnimplementedError("the pool is in GPU memory (kvarnd --backend=cuda) and this client library was "
+                                    "built without CUDA");
+#endif
+  }
   if (pool_.backend() != v1::PoolDescription::BACKEND_HOST) {
     return absl::UnimplementedError("this client maps host (shared-memory) pools only");
   }
@@ -236,13 +248,45 @@ absl::Status Session::Stage(uint64_t seq, int n, const void* keys, const void* v
     absl::MutexLock lock(&mu_);
     auto it = seqs_.find(seq);
     if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
-    slot = tail_.data() + static_cast<size_t>(it->second.table.tail_slot) * layout_.fp16_block_bytes();
+    slot = TailBase() + static_cast<size_t>(it->second.table.tail_slot) * layout_.fp16_block_bytes();
     first = static_cast<int>(it->second.table.tail_tokens) + it->second.staged;
   }
-  const CodecStatus s = Codec::Default().StoreTokens(preset_, layout_, slot, first, n, keys, values, dtype);
-  if (!s.ok()) return absl::InvalidArgumentError(s.message());
+  if (device_ != nullptr) {
+    const absl::Status d = device_->Store(slot, first, n, keys, values, dtype, /*device_input=*/false, nullptr);
+    if (!d.ok()) return d;
+  } else {
+    const CodecStatus s = Codec::Default().StoreTokens(preset_, layout_, slot, first, n, keys, values, dtype);
+    if (!s.ok()) return absl::InvalidArgumentError(s.message());
+  }
   absl::MutexLock lock(&mu_);
   seqs_[seq].staged += n;
+  return absl::OkStatus();
+}
+
+absl::Status Session::StageDevice(uint64_t seq, int n, const void* keys, const void* values, DType dtype,
+                                  CUstream_st* stream) {
+  if (device_ == nullptr) return absl::FailedPreconditionError("StageDevice needs a pool in GPU memory");
+  auto at = TailSlot(seq);
+  if (!at.ok()) return at.status();
+  if (absl::Status s = device_->Store(at->first, at->second, n, keys, values, dtype, /*device_input=*/true, stream);
+      !s.ok()) {
+    return s;
+  }
+  absl::MutexLock lock(&mu_);
+  seqs_[seq].staged += n;
+  return absl::OkStatus();
+}
+
+absl::Status Session::MarkStaged(uint64_t seq, int n) {
+  absl::MutexLock lock(&mu_);
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
+  const int first = static_cast<int>(it->second.table.tail_tokens) + it->second.staged;
+  if (n < 1 || first + n > layout_.tile_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("tokens [", first, ", ", first + n, ") do not fit a ",
+                                                   layout_.tile_tokens, "-token slot"));
+  }
+  it->second.staged += n;
   return absl::OkStatus();
 }
 
@@ -264,6 +308,14 @@ absl::StatusOr<AppendInfo> Session::Commit(uint64_t seq, std::span<const uint32_
   if (absl::Status s = Check(client_->stub().Append(Prepare(&ctx), req, &resp)); !s.ok()) return s;
   Remember(seq, resp.table());
   return AppendInfo{FromProto(resp.table()), resp.sealed()};
+}
+
+absl::StatusOr<AppendInfo> Session::Commit(uint64_t seq, std::span<const uint32_t> ids, CUevent_st* ready) {
+  if (ready != nullptr) {
+    if (device_ == nullptr) return absl::FailedPreconditionError("a CUDA event needs a pool in GPU memory");
+    if (absl::Status s = device_->WaitForEvent(ready); !s.ok()) return s;
+  }
+  return Commit(seq, ids);
 }
 
 absl::StatusOr<AppendInfo> Session::Append(uint64_t seq, std::span<const uint32_t> ids, const void* keys,
@@ -351,19 +403,23 @@ absl::StatusOr<std::pair<uint8_t*, int>> Session::TailSlot(uint64_t seq) const {
   absl::MutexLock lock(&mu_);
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
-  return std::make_pair(tail_.data() + static_cast<size_t>(it->second.table.tail_slot) * layout_.fp16_block_bytes(),
+  return std::make_pair(TailBase() + static_cast<size_t>(it->second.table.tail_slot) * layout_.fp16_block_bytes(),
                         static_cast<int>(it->second.table.tail_tokens) + it->second.staged);
 }
 
+uint8_t* Session::QuantBase() const { return device_ != nullptr ? device_->quant() : quant_.data(); }
+uint8_t* Session::SinkBase() const { return device_ != nullptr ? device_->sink() : sink_.data(); }
+uint8_t* Session::TailBase() const { return device_ != nullptr ? device_->tail() : tail_.data(); }
+
 const uint8_t* Session::QuantBlock(uint32_t block) const {
-  return quant_.data() + static_cast<size_t>(block) * layout_.quant_block_bytes();
+  return QuantBase() + static_cast<size_t>(block) * layout_.quant_block_bytes();
 }
 
 const uint8_t* Session::SinkBlock(uint32_t block) const {
-  return sink_.data() + static_cast<size_t>(block) * layout_.fp16_block_bytes();
+  return SinkBase() + static_cast<size_t>(block) * layout_.fp16_block_bytes();
 }
 
-absl::Status Session::Attend(uint64_t seq, int layer, const float* queries, int num_q_heads, float* out) const {
+absl::StatusOr<SequenceTable> Session::CheckedTable(uint64_t seq, int layer, int num_q_heads) const {
   const int heads = layout_.num_kv_heads;
   if (layer < 0 || layer >= layout_.num_layers) return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " out of range"));
   if (num_q_heads < heads || num_q_heads % heads != 0) {
@@ -374,10 +430,31 @@ absl::Status Session::Attend(uint64_t seq, int layer, const float* queries, int 
   for (uint32_t b : table->quant_blocks) {
     if (b >= pool_.quant_segments(0).blocks()) return absl::InternalError("block table names a block outside the pool");
   }
+  if (device_ != nullptr &&
+      ((table->has_sink && (pool_.sink_segments_size() != 1 || table->sink_block >= pool_.sink_segments(0).blocks())) ||
+       table->tail_slot >= pool_.tail_slots())) {
+    return absl::InternalError("block table names a block outside the pool");
+  }
+  return table;
+}
+
+absl::Status Session::AttendDevice(uint64_t seq, int layer, const float* queries, int num_q_heads, float* out,
+                                   CUstream_st* stream) const {
+  if (device_ == nullptr) return absl::FailedPreconditionError("AttendDevice needs a pool in GPU memory");
+  auto table = CheckedTable(seq, layer, num_q_heads);
+  if (!table.ok()) return table.status();
+  return device_->Attend(*table, layer, queries, num_q_heads, out, /*device_io=*/true, stream);
+}
+
+absl::Status Session::Attend(uint64_t seq, int layer, const float* queries, int num_q_heads, float* out) const {
+  const int heads = layout_.num_kv_heads;
+  auto table = CheckedTable(seq, layer, num_q_heads);
+  if (!table.ok()) return table.status();
+  if (device_ != nullptr) return device_->Attend(*table, layer, queries, num_q_heads, out, /*device_io=*/false, nullptr);
   const int group = num_q_heads / heads;
   const size_t d = static_cast<size_t>(layout_.head_dim);
   std::vector<const uint8_t*> tiles(table->quant_blocks.size());
-  const uint8_t* tail = tail_.data() + static_cast<size_t>(table->tail_slot) * layout_.fp16_block_bytes();
+  const uint8_t* tail = TailBase() + static_cast<size_t>(table->tail_slot) * layout_.fp16_block_bytes();
   for (int h = 0; h < heads; ++h) {
     for (size_t i = 0; i < tiles.size(); ++i) tiles[i] = QuantBlock(table->quant_blocks[i]) + layout_.RecordOffset(layer, h);
     SequenceView view;
@@ -402,6 +479,7 @@ absl::Status Session::DequantizeBlock(uint32_t block, int layer, int head, float
       head >= layout_.num_kv_heads) {
     return absl::InvalidArgumentError("block, layer or head out of range");
   }
+  if (device_ != nullptr) return device_->Dequantize(block, layer, head, keys, values);
   const CodecStatus s = Codec::Default().DecodeTile(preset_, layout_.head_dim,
                                                     {QuantBlock(block) + layout_.RecordOffset(layer, head), layout_.record_bytes},
                                                     {keys, values, DType::kF32, Frame::kOriginal});

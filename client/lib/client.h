@@ -14,6 +14,19 @@
 // Thread safety: Client and Session methods may be called from any thread; calls on the
 // same sequence are serialized by the caller (the daemon rejects a concurrent append with
 // FAILED_PRECONDITION).
+//
+// CUDA pools (pool().backend() == BACKEND_CUDA, kvarnd --backend=cuda): the blocks live in
+// GPU memory. The Session maps each slab through CUDA IPC, once per process however many
+// sessions use it (in the daemon's own process it uses the daemon's pointers), and
+// QuantBlock, SinkBlock and TailSlot return device pointers. Stage, Attend and
+// DequantizeBlock keep their host-memory signatures (they copy in and out); StageDevice and
+// AttendDevice take device pointers and a stream. The append contract: everything written
+// into a tail slot must be complete on the device before Commit is sent, because the daemon
+// reads the slot on its own streams without waiting for the worker's. Stage and StageDevice
+// wait for their stream before returning; a worker writing the tail with its own kernels
+// synchronizes its stream, or records an event after them and passes it to Commit, then
+// declares the tokens with MarkStaged. A library built without CUDA fails OpenSession on a
+// CUDA pool with UNIMPLEMENTED.
 #ifndef KVARN_CLIENT_LIB_CLIENT_H_
 #define KVARN_CLIENT_LIB_CLIENT_H_
 
@@ -34,7 +47,14 @@
 #include "kernels/codec.h"
 #include "kvarn/v1/kvarn.grpc.pb.h"
 
+// CUDA's stream and event types (cudaStream_t is CUstream_st*, cudaEvent_t CUevent_st*),
+// so this header needs no CUDA include.
+struct CUstream_st;
+struct CUevent_st;
+
 namespace kvarn {
+
+class DevicePool;  // client/lib/cuda_pool.h
 
 struct Layout {
   std::string model_id = "model";
@@ -125,8 +145,21 @@ class Session {
   // (fp16 bits or fp32), rotated into the storage frame, into the sequence's tail slot after
   // what is already staged. INVALID_ARGUMENT past the tail or for NaN/Inf.
   absl::Status Stage(uint64_t seq, int n, const void* keys, const void* values, DType dtype);
+  // CUDA pools: as Stage with K/V in device memory, enqueued on `stream` (null: the calling
+  // thread's per-thread default stream), which it waits for before returning. Bad input is
+  // found by the kernel (INVALID_ARGUMENT) and may leave the unstaged positions partly
+  // written. FAILED_PRECONDITION for a host pool.
+  absl::Status StageDevice(uint64_t seq, int n, const void* keys, const void* values, DType dtype,
+                           CUstream_st* stream);
+  // Declares n tokens the worker wrote into the tail slot itself (at TailSlot's position), so
+  // Commit accepts their ids. INVALID_ARGUMENT past the tail. On a CUDA pool the writes must
+  // be complete before Commit (see above).
+  absl::Status MarkStaged(uint64_t seq, int n);
   // Commits every staged token with its token id (ids.size() must equal the staged count).
   absl::StatusOr<AppendInfo> Commit(uint64_t seq, std::span<const uint32_t> ids);
+  // CUDA pools: waits for `ready` (an event the worker recorded after its tail writes), then
+  // commits. FAILED_PRECONDITION for a host pool.
+  absl::StatusOr<AppendInfo> Commit(uint64_t seq, std::span<const uint32_t> ids, CUevent_st* ready);
   // Stage + Commit.
   absl::StatusOr<AppendInfo> Append(uint64_t seq, std::span<const uint32_t> ids, const void* keys,
                                     const void* values, DType dtype);
@@ -140,19 +173,26 @@ class Session {
 
   // The sequence's table as last returned by the daemon.
   absl::StatusOr<SequenceTable> Table(uint64_t seq) const;
-  // Pointer to the sequence's writable tail slot (for a worker's own store kernel), and the
-  // token position where the next staged token goes.
+  // Pointer to the sequence's writable tail slot (for a worker's own store kernel; a device
+  // pointer on a CUDA pool), and the token position where the next staged token goes.
   absl::StatusOr<std::pair<uint8_t*, int>> TailSlot(uint64_t seq) const;
 
   // Decode attention of one layer over the sequence, straight from shared memory:
   // queries [num_q_heads][head_dim] (original frame), num_q_heads a multiple of the kv-heads
   // (grouped-query attention); out [num_q_heads][head_dim].
   absl::Status Attend(uint64_t seq, int layer, const float* queries, int num_q_heads, float* out) const;
+  // CUDA pools: Attend with queries and out in device memory, enqueued on `stream` (null:
+  // the per-thread default stream) after whatever the worker enqueued there; returns once
+  // the stream has completed it. FAILED_PRECONDITION for a host pool.
+  absl::Status AttendDevice(uint64_t seq, int layer, const float* queries, int num_q_heads, float* out,
+                            CUstream_st* stream) const;
   // Dequantizes one (layer, kv-head) tile of a quantized block, original frame, [G][D].
   absl::Status DequantizeBlock(uint32_t block, int layer, int head, float* keys, float* values) const;
-  // Pointers into the mapped pool.
+  // Pointers into the mapped pool (device pointers on a CUDA pool).
   const uint8_t* QuantBlock(uint32_t block) const;
   const uint8_t* SinkBlock(uint32_t block) const;
+  // Whether the pool is in GPU memory (BACKEND_CUDA).
+  bool on_device() const { return device_ != nullptr; }
 
   // RPC wrappers.
   absl::Status Read(uint64_t seq, uint32_t layer, uint64_t start, uint32_t count, std::vector<float>* keys,
@@ -177,6 +217,12 @@ class Session {
   void Remember(uint64_t seq, const v1::BlockTable& table) ABSL_LOCKS_EXCLUDED(mu_);
   grpc::ClientContext* Prepare(grpc::ClientContext* ctx) const;
   absl::Status Check(const grpc::Status& s);
+  // Bases of the mapped slabs, host or device.
+  uint8_t* QuantBase() const;
+  uint8_t* SinkBase() const;
+  uint8_t* TailBase() const;
+  // The table of `seq`, after checking its ids against the pool.
+  absl::StatusOr<SequenceTable> CheckedTable(uint64_t seq, int layer, int num_q_heads) const;
 
   Client* client_;
   uint64_t id_;
@@ -186,6 +232,7 @@ class Session {
   BlockLayout layout_;
   absl::Duration keepalive_interval_;
   ShmMapping quant_, sink_, tail_;
+  std::unique_ptr<DevicePool> device_;  // CUDA pools: the mapped slabs (the ShmMappings are empty)
   std::atomic<bool> alive_{true};
   std::atomic<bool> stop_{false};
   std::unique_ptr<grpc::ClientContext> keepalive_ctx_;
