@@ -407,11 +407,11 @@ TEST_F(CodecEvalInputs, CodecErrorsReachTheUserWithTheirPlace) {
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.err, HasSubstr("hadamard_k4v2_g128: head 0, tokens 0..127: codec: tile magnitudes "
                                "exceed what the record's fp16 scales can hold"));
-  // The same in the fp16 sink is caught before the codec, naming the token.
+  // The same in the fp16 sink is refused by StoreTokens, naming the token.
   r = Eval({"--keys", dir_ + "/k.npy", "--values", dir_ + "/v.npy", "--preset", "kvarn_k4v2_g128"});
   EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.err, HasSubstr("k.npy: head 0 token 0 in the fp16 sink exceeds the fp16 range "
-                               "after kvarn_k4v2_g128's rotation"));
+  EXPECT_THAT(r.err, HasSubstr("kvarn_k4v2_g128: head 0, fp16 sink: codec: keys of token 0 (layer 0, "
+                               "kv-head 0) overflow fp16 once rotated"));
 }
 
 TEST(SinkPolicyTest, AcceptsZeroGAndTheTileSize) {

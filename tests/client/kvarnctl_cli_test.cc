@@ -51,7 +51,7 @@ TEST(KvarnctlCliTest, HelpListsTheCommandTable) {
   const Process p = Kvarnctl("--help");
   EXPECT_EQ(p.code, 0);
   EXPECT_THAT(p.out, StartsWith("usage: kvarnctl <command> [args]"));
-  EXPECT_THAT(p.out, HasSubstr("  codec   the codec on your own K/V"));
+  EXPECT_THAT(p.out, HasSubstr("  codec       the codec on your own K/V"));
   EXPECT_THAT(p.out, HasSubstr("Exit status: 0 success, 1 the work failed, 2 bad usage or input."));
   EXPECT_EQ(Kvarnctl("help").out, p.out);
 }
@@ -67,7 +67,7 @@ TEST(KvarnctlCliTest, UnknownCommandIsAClearErrorWithExit2) {
   const Process p = Kvarnctl("stauts");
   EXPECT_EQ(p.code, 2);
   EXPECT_EQ(p.err,
-            "kvarnctl: error: unknown command 'stauts'; commands: codec (see kvarnctl --help)\n");
+            "kvarnctl: error: unknown command 'stauts'; commands: codec, status, sequences, evict, watch, demo (see kvarnctl --help)\n");
   EXPECT_EQ(Kvarnctl("help stauts").code, 2);
 }
 
