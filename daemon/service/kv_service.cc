@@ -239,6 +239,7 @@ grpc::Status KvService::AppendInline(grpc::ServerContext*, const v1::AppendInlin
                                   req->values().size()));
     }
     // Protobuf strings carry no alignment guarantee: copy into aligned storage.
+    if (n == 0) return Invalid("append of 0 tokens");
     std::vector<uint32_t> k((want + 3) / 4), v((want + 3) / 4);
     std::memcpy(k.data(), req->keys().data(), want);
     std::memcpy(v.data(), req->values().data(), want);
