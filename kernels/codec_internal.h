@@ -19,6 +19,10 @@ struct Codec::Kernels {
                         const TileOut& out);
   CodecStatus (*attend)(const Preset& preset, int head_dim, const float* queries, int num_queries,
                         const SequenceView& seq, float* out, float softmax_scale);
+  // Validates the values (NaN, Inf, fp16 range, overflow once rotated) and writes nothing
+  // when they fail; shapes are checked by the front.
+  CodecStatus (*store)(const Preset& preset, const BlockLayout& layout, uint8_t* slot, int first,
+                       int n, const void* keys, const void* values, DType dtype);
 };
 
 const Codec::Kernels& ReferenceKernels();

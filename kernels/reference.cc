@@ -9,6 +9,7 @@
 #include "kernels/codec_internal.h"
 #include "kernels/fp16.h"
 #include "kernels/kvarn_math.h"
+#include "kernels/store_tokens.h"
 #include "kernels/tile_io.h"
 
 namespace kvarn {
@@ -286,7 +287,7 @@ const char* Target() { return "scalar"; }
 }  // namespace
 
 const Codec::Kernels& ReferenceKernels() {
-  static const Codec::Kernels kernels{&Target, &Encode, &Decode, &Attend};
+  static const Codec::Kernels kernels{&Target, &Encode, &Decode, &Attend, &ReferenceStoreTokens};
   return kernels;
 }
 

@@ -10,12 +10,14 @@
 #define KVARN_KERNELS_SIMD_INL_H_
 #endif
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
 #include "hwy/highway.h"
+#include "kernels/fp16.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace kvarn {
@@ -24,6 +26,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 using DF = hn::ScalableTag<float>;
 using DI = hn::RebindToSigned<DF>;
+using DU = hn::RebindToUnsigned<DF>;
 using DU8F = hn::Rebind<uint8_t, DF>;        // one byte per float lane
 using DHF = hn::Rebind<hwy::float16_t, DF>;  // one half per float lane
 using VF = hn::Vec<DF>;
@@ -31,8 +34,23 @@ using VF = hn::Vec<DF>;
 HWY_INLINE VF LoadHalf(const uint16_t* p) {
   return hn::PromoteTo(DF(), hn::LoadU(DHF(), reinterpret_cast<const hwy::float16_t*>(p)));
 }
+// float -> binary16, rounding to nearest even like FloatToHalf. F16C does exactly that; where
+// Highway emulates the conversion (targets below AVX2) it truncates, so those targets
+// convert lane by lane with FloatToHalf instead.
+#undef KVARN_SIMD_EXACT_F16_DEMOTE
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)
+#define KVARN_SIMD_EXACT_F16_DEMOTE 1
+#else
+#define KVARN_SIMD_EXACT_F16_DEMOTE 0
+#endif
 HWY_INLINE void StoreHalf(VF v, uint16_t* p) {
+#if KVARN_SIMD_EXACT_F16_DEMOTE
   hn::StoreU(hn::DemoteTo(DHF(), v), DHF(), reinterpret_cast<hwy::float16_t*>(p));
+#else
+  HWY_ALIGN float lanes[HWY_MAX_BYTES / sizeof(float)];
+  hn::Store(v, DF(), lanes);
+  for (size_t i = 0; i < hn::Lanes(DF()); ++i) p[i] = FloatToHalf(lanes[i]);
+#endif
 }
 // One code per byte, widened to float.
 HWY_INLINE VF LoadCodes(const uint8_t* p) {
@@ -49,44 +67,119 @@ alignas(64) inline constexpr int32_t kSwapIndex[4][16] = {
     {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13},
     {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11},
     {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}};
-alignas(64) inline constexpr int32_t kUpperLane[4][16] = {
-    {0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1},
-    {0, 0, -1, -1, 0, 0, -1, -1, 0, 0, -1, -1, 0, 0, -1, -1},
-    {0, 0, 0, 0, -1, -1, -1, -1, 0, 0, 0, 0, -1, -1, -1, -1},
-    {0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, -1, -1, -1, -1}};
+alignas(64) inline constexpr float kUpperSign[4][16] = {
+    {1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1},
+    {1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1},
+    {1, 1, 1, 1, -1, -1, -1, -1, 1, 1, 1, 1, -1, -1, -1, -1},
+    {1, 1, 1, 1, 1, 1, 1, 1, -1, -1, -1, -1, -1, -1, -1, -1}};
+
+// Lane i ^ 2^kStage of v in lane i: fixed shuffles where the width is known (cheaper than a
+// general permutation), a table lookup otherwise.
+template <size_t kStage>
+HWY_INLINE VF SwapLanes(VF v) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  const DF df;
+  if constexpr (kStage == 0) return hn::Shuffle2301(v);
+  if constexpr (kStage == 1) return hn::Shuffle1032(v);
+  if constexpr (kStage == 2 && hn::MaxLanes(df) == 8) return hn::ConcatLowerUpper(df, v, v);
+  if constexpr (kStage == 2 && hn::MaxLanes(df) == 16) return hn::SwapAdjacentBlocks(v);
+  if constexpr (kStage == 3) return hn::ConcatLowerUpper(df, v, v);  // 16 lanes: swap halves
+#endif
+  return hn::TableLookupLanes(v, hn::SetTableIndices(DF(), kSwapIndex[kStage]));
+}
+
+// The transform stages within vectors: stage s pairs lane i with lane i ^ 2^s, s < log2(N).
+// v * sign + partner is a + b in the lower lane and a - b in the upper, each rounded once like
+// the scalar butterfly.
+template <size_t kVecs, size_t kStage = 0>
+HWY_INLINE void InLaneStages(VF* v) {
+  const DF df;
+  if constexpr ((size_t{2} << kStage) <= hn::MaxLanes(df)) {
+    if ((size_t{1} << kStage) < hn::Lanes(df)) {
+      const VF sign = hn::LoadU(df, kUpperSign[kStage]);
+      for (size_t i = 0; i < kVecs; ++i) v[i] = hn::MulAdd(v[i], sign, SwapLanes<kStage>(v[i]));
+      InLaneStages<kVecs, kStage + 1>(v);
+    }
+  }
+}
+
+// The butterfly stages between whole vectors v[i] and v[i + kHalf], kHalf = 1, 2, .., fully
+// unrolled so that the chunk never leaves registers.
+template <size_t kVecs, size_t kHalf>
+HWY_INLINE void CrossStages(VF* v) {
+  if constexpr (kHalf < kVecs) {
+    HWY_UNROLL(8)
+    for (size_t i = 0; i < kVecs; ++i) {
+      if (i & kHalf) continue;
+      const VF a = v[i], b = v[i + kHalf];
+      v[i] = hn::Add(a, b);
+      v[i + kHalf] = hn::Sub(a, b);
+    }
+    CrossStages<kVecs, 2 * kHalf>(v);
+  }
+}
+
+// The transform stages that pair elements of one chunk of kVecs vectors, in registers: the
+// stages within vectors, then those across the chunk's vectors. `norm`, when given, is applied
+// at the end (the chunk is the whole row).
+template <size_t kVecs>
+HWY_INLINE void FwhtChunk(float* HWY_RESTRICT p, const float* norm) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  VF v[kVecs];
+  for (size_t i = 0; i < kVecs; ++i) v[i] = hn::LoadU(df, p + i * N);
+  InLaneStages<kVecs>(v);
+  CrossStages<kVecs, 1>(v);
+  if (norm != nullptr) {
+    const VF nv = hn::Set(df, *norm);
+    for (size_t i = 0; i < kVecs; ++i) v[i] = hn::Mul(v[i], nv);
+  }
+  for (size_t i = 0; i < kVecs; ++i) hn::StoreU(v[i], df, p + i * N);
+}
 
 // Normalized fast Walsh-Hadamard transform of `rows` contiguous rows of n floats, in place.
 // The butterflies are the scalar reference's, stage by stage, so results are bit-identical.
+// Rows of up to 8 vectors (128 floats with AVX-512) stay in registers for every stage; longer
+// rows do their remaining stages in passes over memory, the last one normalizing.
 HWY_INLINE void FwhtRows(float* HWY_RESTRICT x, size_t rows, size_t n) {
   const DF df;
-  const DI di;
   const size_t N = hn::Lanes(df);
-  const VF norm = hn::Set(df, 1.0f / std::sqrt(static_cast<float>(n)));
-  size_t in_lane_stages = 0;
-  while ((size_t{1} << in_lane_stages) < N && (size_t{1} << in_lane_stages) < n) ++in_lane_stages;
-  HWY_DASSERT(in_lane_stages <= 4);
+  constexpr size_t kMaxVecs = 8;
+  const size_t vecs = std::min(n / N, kMaxVecs), chunk = vecs * N;
+  HWY_DASSERT(N <= 16 && n % chunk == 0);
+  const float norm = 1.0f / std::sqrt(static_cast<float>(n));
+  const float* chunk_norm = chunk == n ? &norm : nullptr;
+  const VF normv = hn::Set(df, norm);
   for (size_t r = 0; r < rows; ++r) {
     float* HWY_RESTRICT row = x + r * n;
-    for (size_t i = 0; i < n; i += N) {
-      VF v = hn::LoadU(df, row + i);
-      for (size_t s = 0; s < in_lane_stages; ++s) {
-        const VF p = hn::TableLookupLanes(v, hn::SetTableIndices(df, kSwapIndex[s]));
-        const auto upper = hn::RebindMask(df, hn::Lt(hn::LoadU(di, kUpperLane[s]), hn::Zero(di)));
-        v = hn::IfThenElse(upper, hn::Sub(p, v), hn::Add(v, p));
+    for (size_t c = 0; c < n; c += chunk) {
+      switch (vecs) {
+        case 8:
+          FwhtChunk<8>(row + c, chunk_norm);
+          break;
+        case 4:
+          FwhtChunk<4>(row + c, chunk_norm);
+          break;
+        case 2:
+          FwhtChunk<2>(row + c, chunk_norm);
+          break;
+        default:
+          FwhtChunk<1>(row + c, chunk_norm);
+          break;
       }
-      hn::StoreU(v, df, row + i);
     }
-    for (size_t h = N; h < n; h *= 2) {
+    for (size_t h = chunk; h < n; h *= 2) {
+      const bool last = 2 * h == n;
       for (size_t i = 0; i < n; i += 2 * h) {
         for (size_t j = i; j < i + h; j += N) {
           const VF a = hn::LoadU(df, row + j);
           const VF b = hn::LoadU(df, row + j + h);
-          hn::StoreU(hn::Add(a, b), df, row + j);
-          hn::StoreU(hn::Sub(a, b), df, row + j + h);
+          const VF sum = hn::Add(a, b), diff = hn::Sub(a, b);
+          hn::StoreU(last ? hn::Mul(sum, normv) : sum, df, row + j);
+          hn::StoreU(last ? hn::Mul(diff, normv) : diff, df, row + j + h);
         }
       }
     }
-    for (size_t i = 0; i < n; i += N) hn::StoreU(hn::Mul(hn::LoadU(df, row + i), norm), df, row + i);
   }
 }
 

@@ -10,6 +10,14 @@
 //
 // The fp16 parts and the quantized tiles are reduced separately (two online-softmax states)
 // and merged once at the end with a log-sum-exp combine.
+
+// The codec's results must not depend on the compiler fusing a * b + c into one rounding:
+// every fused multiply-add is written out (MulAdd), and nothing else may be contracted.
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/simd_attend.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -22,6 +30,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "hwy/cache_control.h"
 #include "kernels/codec_internal.h"
 #include "kernels/fp16.h"
 #include "kernels/simd_scratch.h"
@@ -72,16 +81,36 @@ constexpr size_t StepBytes(size_t lanes) {
   return kBits == 4 ? 2 * lanes : lanes;
 }
 
+// Fetches the next tile's record a cache line per step of the current tile's loops. Records
+// are wherever the pool put them, so the hardware prefetcher cannot find the next one, and a
+// burst of prefetches at once would overflow the core's outstanding misses.
+class Prefetcher {
+ public:
+  Prefetcher(const uint8_t* next, size_t bytes)
+      : next_(next), end_(next == nullptr ? next : next + bytes) {}
+  HWY_INLINE void Step() {
+    if (next_ < end_) {
+      hwy::Prefetch(next_);
+      next_ += 64;
+    }
+  }
+
+ private:
+  const uint8_t* next_;
+  const uint8_t* end_;
+};
+
 // scores[h][pos] = sum_c w[h][c] * qK[c][t(pos)] for H heads.
 template <int kBits, int H>
 void KeyDots(const uint8_t* HWY_RESTRICT codes, size_t g, size_t d, const float* HWY_RESTRICT w,
-             float* HWY_RESTRICT scores) {
+             float* HWY_RESTRICT scores, Prefetcher& prefetch) {
   const DF df;
   const size_t N = hn::Lanes(df), row_bytes = g * kBits / 8;
   for (size_t off = 0, pos = 0; off < row_bytes; off += StepBytes<kBits>(N), pos += 4 * N) {
     VF acc[H][4];
     for (int h = 0; h < H; ++h) acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = hn::Zero(df);
     for (size_t c = 0; c < d; ++c) {
+      prefetch.Step();
       VF c0, c1, c2, c3;
       UnpackStep<kBits>(codes + c * row_bytes + off, c0, c1, c2, c3);
       for (int h = 0; h < H; ++h) {
@@ -100,14 +129,16 @@ void KeyDots(const uint8_t* HWY_RESTRICT codes, size_t g, size_t d, const float*
 
 // tile_acc[h][cpos] = sum_pos pa[h][pos] * qV[t(pos)][c(cpos)] for H heads.
 template <int kBits, int H>
-void ValueSums(const uint8_t* HWY_RESTRICT codes, size_t g, size_t d, const int32_t* HWY_RESTRICT tok_perm,
-               const float* HWY_RESTRICT pa, float* HWY_RESTRICT tile_acc) {
+void ValueSums(const uint8_t* HWY_RESTRICT codes, size_t g, size_t d,
+               const int32_t* HWY_RESTRICT tok_perm, const float* HWY_RESTRICT pa,
+               float* HWY_RESTRICT tile_acc, Prefetcher& prefetch) {
   const DF df;
   const size_t N = hn::Lanes(df), row_bytes = d * kBits / 8;
   for (size_t off = 0, cpos = 0; off < row_bytes; off += StepBytes<kBits>(N), cpos += 4 * N) {
     VF acc[H][4];
     for (int h = 0; h < H; ++h) acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = hn::Zero(df);
     for (size_t pos = 0; pos < g; ++pos) {
+      prefetch.Step();
       VF c0, c1, c2, c3;
       UnpackStep<kBits>(codes + static_cast<size_t>(tok_perm[pos]) * row_bytes + off, c0, c1, c2, c3);
       for (int h = 0; h < H; ++h) {
@@ -126,15 +157,18 @@ void ValueSums(const uint8_t* HWY_RESTRICT codes, size_t g, size_t d, const int3
 
 template <int kBits, int vBits>
 void TileDots(int heads, const uint8_t* k_codes, const uint8_t* v_codes, size_t g, size_t d,
-              const float* w, float* scores, const int32_t* tok_perm, bool values, float* tile_acc) {
+              const float* w, float* scores, const int32_t* tok_perm, bool values, float* tile_acc,
+              Prefetcher& prefetch) {
   for (int h0 = 0; h0 < heads; h0 += kMaxHeadBlock) {
     const int hb = std::min(kMaxHeadBlock, heads - h0);
     const float* wh = w + h0 * d;
     float* sh = scores + h0 * g;
     float* th = tile_acc + h0 * d;
-#define KVARN_BLOCK(H)                                                     \
-  if (!values) KeyDots<kBits, H>(k_codes, g, d, wh, sh);                   \
-  else ValueSums<vBits, H>(v_codes, g, d, tok_perm, sh, th);
+#define KVARN_BLOCK(H)                                  \
+  if (!values)                                          \
+    KeyDots<kBits, H>(k_codes, g, d, wh, sh, prefetch); \
+  else                                                  \
+    ValueSums<vBits, H>(v_codes, g, d, tok_perm, sh, th, prefetch);
     switch (hb) {
       case 1: KVARN_BLOCK(1) break;
       case 2: KVARN_BLOCK(2) break;
@@ -146,7 +180,7 @@ void TileDots(int heads, const uint8_t* k_codes, const uint8_t* v_codes, size_t 
 }
 
 using TileDotsFn = void (*)(int, const uint8_t*, const uint8_t*, size_t, size_t, const float*,
-                            float*, const int32_t*, bool, float*);
+                            float*, const int32_t*, bool, float*, Prefetcher&);
 
 TileDotsFn SelectTileDots(int kbits, int vbits) {
   if (kbits == 4) return vbits == 4 ? &TileDots<4, 4> : &TileDots<4, 2>;
@@ -158,12 +192,35 @@ void WidenHalves(const uint8_t* src, size_t n, float* dst) {
     hn::StoreU(LoadHalf(reinterpret_cast<const uint16_t*>(src) + i), DF(), dst + i);
   }
 }
-void WidenPermuted(const uint8_t* src, size_t n, const int32_t* perm, float* dst) {
-  for (size_t i = 0; i < n; ++i) {
-    uint16_t h;
-    std::memcpy(&h, src + 2 * static_cast<size_t>(perm[i]), 2);
-    dst[i] = HalfToFloat(h);
+// Widens n halves into plane order for codes packed `bits` wide: in each chunk of p*N
+// elements, plane k (positions k*N .. k*N + N) holds the elements i with i % p == k, in order.
+void WidenPlaneOrder(const uint8_t* src, size_t n, int bits, float* HWY_RESTRICT dst) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const auto* h = reinterpret_cast<const uint16_t*>(src);
+#if HWY_TARGET == HWY_SCALAR
+  (void)bits;
+  for (size_t i = 0; i < n; i += N) hn::StoreU(LoadHalf(h + i), df, dst + i);  // one lane: natural
+#else
+  if (bits == 4) {
+    for (size_t i = 0; i < n; i += 2 * N) {
+      const VF v0 = LoadHalf(h + i), v1 = LoadHalf(h + i + N);
+      hn::StoreU(hn::ConcatEven(df, v1, v0), df, dst + i);
+      hn::StoreU(hn::ConcatOdd(df, v1, v0), df, dst + i + N);
+    }
+  } else {
+    for (size_t i = 0; i < n; i += 4 * N) {
+      const VF v0 = LoadHalf(h + i), v1 = LoadHalf(h + i + N);
+      const VF v2 = LoadHalf(h + i + 2 * N), v3 = LoadHalf(h + i + 3 * N);
+      const VF even = hn::ConcatEven(df, v1, v0), even2 = hn::ConcatEven(df, v3, v2);
+      const VF odd = hn::ConcatOdd(df, v1, v0), odd2 = hn::ConcatOdd(df, v3, v2);
+      hn::StoreU(hn::ConcatEven(df, even2, even), df, dst + i);         // i % 4 == 0
+      hn::StoreU(hn::ConcatEven(df, odd2, odd), df, dst + i + N);       // 1
+      hn::StoreU(hn::ConcatOdd(df, even2, even), df, dst + i + 2 * N);  // 2
+      hn::StoreU(hn::ConcatOdd(df, odd2, odd), df, dst + i + 3 * N);    // 3
+    }
   }
+#endif
 }
 
 struct SoftmaxState {
@@ -171,40 +228,55 @@ struct SoftmaxState {
   float sum[64];
 };
 
-// Folds one quantized tile into the tiles' softmax state and accumulator.
-void AttendTile(const Preset& p, size_t d, int heads, const uint8_t* record, const RecordLayout& l,
-                float scale, TileDotsFn dots, AttendScratch& s, SoftmaxState& st) {
+// Folds one quantized tile into the tiles' softmax state and accumulator, fetching the next
+// record (or none: nullptr) on the way.
+void AttendTile(const Preset& p, size_t d, int heads, const uint8_t* record, const uint8_t* next,
+                const RecordLayout& l, float scale, TileDotsFn dots, AttendScratch& s,
+                SoftmaxState& st) {
   const DF df;
   const size_t N = hn::Lanes(df), g = static_cast<size_t>(p.tile_tokens);
-  WidenHalves(record + l.k_a, d, s.a_k.get());
-  WidenHalves(record + l.k_b, d, s.b_k.get());
-  WidenPermuted(record + l.k_r, g, s.tok_perm.get(), s.r_k.get());
-  WidenPermuted(record + l.v_a, g, s.tok_perm.get(), s.a_v.get());
-  WidenPermuted(record + l.v_b, g, s.tok_perm.get(), s.b_v.get());
-  WidenPermuted(record + l.v_c, d, s.ch_perm.get(), s.c_v.get());
+  // Local copies: vector stores may alias anything as far as the compiler knows.
+  float* HWY_RESTRICT a_k = s.a_k.get();
+  float* HWY_RESTRICT b_k = s.b_k.get();
+  float* HWY_RESTRICT r_k = s.r_k.get();
+  float* HWY_RESTRICT a_v = s.a_v.get();
+  float* HWY_RESTRICT b_v = s.b_v.get();
+  float* HWY_RESTRICT c_v = s.c_v.get();
+  const float* HWY_RESTRICT queries = s.q.get();
+  float* HWY_RESTRICT w = s.w.get();
+  float* HWY_RESTRICT scores = s.scores.get();
+  float* HWY_RESTRICT tile_acc = s.tile_acc.get();
+  float* HWY_RESTRICT acc_q = s.acc_q.get();
+  Prefetcher prefetch(next, l.total);
+  WidenHalves(record + l.k_a, d, a_k);
+  WidenHalves(record + l.k_b, d, b_k);
+  WidenPlaneOrder(record + l.k_r, g, p.key_bits, r_k);
+  WidenPlaneOrder(record + l.v_a, g, p.key_bits, a_v);
+  WidenPlaneOrder(record + l.v_b, g, p.key_bits, b_v);
+  WidenPlaneOrder(record + l.v_c, d, p.value_bits, c_v);
 
   float beta[64];
   for (int h = 0; h < heads; ++h) {
-    const float* q = s.q.get() + h * d;
-    float* w = s.w.get() + h * d;
+    const float* HWY_RESTRICT q = queries + h * d;
     VF bsum = hn::Zero(df);
     for (size_t c = 0; c < d; c += N) {
       const VF qv = hn::LoadU(df, q + c);
-      hn::StoreU(hn::Mul(qv, hn::LoadU(df, s.a_k.get() + c)), df, w + c);
-      bsum = hn::MulAdd(qv, hn::LoadU(df, s.b_k.get() + c), bsum);
+      hn::StoreU(hn::Mul(qv, hn::LoadU(df, a_k + c)), df, w + h * d + c);
+      bsum = hn::MulAdd(qv, hn::LoadU(df, b_k + c), bsum);
     }
     beta[h] = ReduceSum(bsum);
   }
-  dots(heads, record + l.k_codes, record + l.v_codes, g, d, s.w.get(), s.scores.get(), s.tok_perm.get(),
-       false, s.tile_acc.get());
+  dots(heads, record + l.k_codes, record + l.v_codes, g, d, w, scores, s.tok_perm.get(), false,
+       tile_acc, prefetch);
 
   float rescale[64], pb[64];
   for (int h = 0; h < heads; ++h) {
-    float* sc = s.scores.get() + h * g;
+    float* HWY_RESTRICT sc = scores + h * g;
     const VF bv = hn::Set(df, beta[h]), scv = hn::Set(df, scale);
     VF mx = hn::Set(df, -HUGE_VALF);
     for (size_t i = 0; i < g; i += N) {
-      const VF x = hn::Mul(hn::Mul(hn::Add(hn::LoadU(df, sc + i), bv), hn::LoadU(df, s.r_k.get() + i)), scv);
+      const VF x =
+          hn::Mul(hn::Mul(hn::Add(hn::LoadU(df, sc + i), bv), hn::LoadU(df, r_k + i)), scv);
       hn::StoreU(x, df, sc + i);
       mx = hn::Max(mx, x);
     }
@@ -216,20 +288,20 @@ void AttendTile(const Preset& p, size_t d, int heads, const uint8_t* record, con
     for (size_t i = 0; i < g; i += N) {
       const VF pr = hn::Exp(df, hn::Sub(hn::LoadU(df, sc + i), mv));
       psum = hn::Add(psum, pr);
-      bsum = hn::MulAdd(pr, hn::LoadU(df, s.b_v.get() + i), bsum);
-      hn::StoreU(hn::Mul(pr, hn::LoadU(df, s.a_v.get() + i)), df, sc + i);  // p * a_V
+      bsum = hn::MulAdd(pr, hn::LoadU(df, b_v + i), bsum);
+      hn::StoreU(hn::Mul(pr, hn::LoadU(df, a_v + i)), df, sc + i);  // p * a_V
     }
     st.sum[h] = st.sum[h] * rescale[h] + ReduceSum(psum);
     pb[h] = ReduceSum(bsum);
   }
-  dots(heads, record + l.k_codes, record + l.v_codes, g, d, s.w.get(), s.scores.get(), s.tok_perm.get(),
-       true, s.tile_acc.get());
+  dots(heads, record + l.k_codes, record + l.v_codes, g, d, w, scores, s.tok_perm.get(), true,
+       tile_acc, prefetch);
   for (int h = 0; h < heads; ++h) {
-    float* acc = s.acc_q.get() + h * d;
-    const float* ta = s.tile_acc.get() + h * d;
+    float* HWY_RESTRICT acc = acc_q + h * d;
+    const float* HWY_RESTRICT ta = tile_acc + h * d;
     const VF rs = hn::Set(df, rescale[h]), pbv = hn::Set(df, pb[h]);
     for (size_t c = 0; c < d; c += N) {
-      const VF add = hn::Mul(hn::Add(hn::LoadU(df, ta + c), pbv), hn::LoadU(df, s.c_v.get() + c));
+      const VF add = hn::Mul(hn::Add(hn::LoadU(df, ta + c), pbv), hn::LoadU(df, c_v + c));
       hn::StoreU(hn::MulAdd(hn::LoadU(df, acc + c), rs, add), df, acc + c);
     }
   }
@@ -241,11 +313,13 @@ void AttendFp16(size_t d, int heads, const uint16_t* keys, const uint16_t* value
                 float scale, AttendScratch& s, SoftmaxState& st) {
   const DF df;
   const size_t N = hn::Lanes(df), g = tokens;
-  float* scores = s.scores.get();  // [H][tokens]
+  float* HWY_RESTRICT scores = s.scores.get();  // [H][tokens]
+  const float* HWY_RESTRICT queries = s.q.get();
+  float* HWY_RESTRICT acc_h = s.acc_h.get();
   for (size_t t = 0; t < tokens; ++t) {
     const uint16_t* k = keys + t * d;
     for (int h = 0; h < heads; ++h) {
-      const float* q = s.q.get() + h * d;
+      const float* q = queries + h * d;
       VF acc = hn::Zero(df);
       for (size_t c = 0; c < d; c += N) acc = hn::MulAdd(hn::LoadU(df, q + c), LoadHalf(k + c), acc);
       scores[h * g + t] = ReduceSum(acc) * scale;
@@ -259,7 +333,7 @@ void AttendFp16(size_t d, int heads, const uint16_t* keys, const uint16_t* value
     float sum = 0.0f;
     for (size_t t = 0; t < tokens; ++t) sum += (sc[t] = std::exp(sc[t] - m_new));
     st.sum[h] = st.sum[h] * rescale + sum;
-    float* acc = s.acc_h.get() + h * d;
+    float* acc = acc_h + h * d;
     const VF rs = hn::Set(df, rescale);
     for (size_t c = 0; c < d; c += N) hn::StoreU(hn::Mul(hn::LoadU(df, acc + c), rs), df, acc + c);
   }
@@ -268,7 +342,7 @@ void AttendFp16(size_t d, int heads, const uint16_t* keys, const uint16_t* value
     for (size_t c = 0; c < d; c += N) {
       const VF vv = LoadHalf(v + c);
       for (int h = 0; h < heads; ++h) {
-        float* acc = s.acc_h.get() + h * d;
+        float* acc = acc_h + h * d;
         hn::StoreU(hn::MulAdd(hn::Set(df, scores[h * g + t]), vv, hn::LoadU(df, acc + c)), df, acc + c);
       }
     }
@@ -307,7 +381,10 @@ CodecStatus AttendImpl(const Preset& preset, int head_dim, const float* queries,
     PlanePermutation(d, preset.value_bits, s.ch_perm.get());
     const RecordLayout l = preset.Layout(head_dim);
     const TileDotsFn dots = SelectTileDots(preset.key_bits, preset.value_bits);
-    for (const uint8_t* tile : seq.tiles) AttendTile(preset, d, heads, tile, l, scale, dots, s, tile_state);
+    for (size_t i = 0; i < seq.tiles.size(); ++i) {
+      const uint8_t* next = i + 1 < seq.tiles.size() ? seq.tiles[i + 1] : nullptr;
+      AttendTile(preset, d, heads, seq.tiles[i], next, l, scale, dots, s, tile_state);
+    }
   }
 
   // Log-sum-exp merge of the two partial results, back to natural channel order.

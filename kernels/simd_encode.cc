@@ -6,6 +6,14 @@
 // which the record wants channel-major, go through a byte transpose.
 //
 // Balancing (simd_balance-inl.h) accumulates its statistics in double, as the reference does.
+
+// The codec's results must not depend on the compiler fusing a * b + c into one rounding:
+// every fused multiply-add is written out (MulAdd), and nothing else may be contracted.
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/simd_encode.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -20,6 +28,7 @@
 #include <vector>
 
 #include "hwy/aligned_allocator.h"
+#include "hwy/cache_control.h"
 #include "kernels/codec_internal.h"
 #include "kernels/fp16.h"
 #include "kernels/kvarn_math.h"
@@ -31,95 +40,122 @@ namespace kvarn {
 namespace HWY_NAMESPACE {
 namespace {
 
-// Converts one [G][D] tile to fp32 in `dst` with a vectorized range check, then rotates.
+// Converts one [G][D] tile to fp32 in `dst` with a vectorized range check, rotating rows a
+// few at a time while they are still in L1 (the transforms of different rows overlap).
 CodecStatus LoadTile(const Preset& preset, int d, const void* src, DType dtype, Frame frame,
                      float* HWY_RESTRICT dst, const char* what) {
   const DF df;
   const size_t N = hn::Lanes(df);
-  const size_t n = static_cast<size_t>(preset.tile_tokens) * d;
-  const VF limit = hn::Set(df, 65504.0f);
+  const size_t g = static_cast<size_t>(preset.tile_tokens), n = static_cast<size_t>(d);
+  constexpr size_t kRows = 4;  // divides G
+  const bool rotate = preset.rotates() && frame == Frame::kOriginal;
+  const VF limit = hn::Set(df, kFp16Max);
   auto bad = hn::Lt(hn::Zero(df), hn::Zero(df));  // all false
-  for (size_t i = 0; i < n; i += N) {
-    const VF v = dtype == DType::kF32 ? hn::LoadU(df, static_cast<const float*>(src) + i)
-                                      : LoadHalf(static_cast<const uint16_t*>(src) + i);
-    bad = hn::Or(bad, hn::Not(hn::Le(hn::Abs(v), limit)));  // NaN compares false
-    hn::StoreU(v, df, dst + i);
+  for (size_t t = 0; t < g; t += kRows) {
+    for (size_t i = t * n; i < (t + kRows) * n; i += N) {
+      const VF v = dtype == DType::kF32 ? hn::LoadU(df, static_cast<const float*>(src) + i)
+                                        : LoadHalf(static_cast<const uint16_t*>(src) + i);
+      bad = hn::Or(bad, hn::Not(hn::Le(hn::Abs(v), limit)));  // NaN compares false
+      hn::StoreU(v, df, dst + i);
+    }
+    if (rotate) FwhtRows(dst + t * n, kRows, n);
   }
   if (!hn::AllFalse(df, bad)) {
     // Rare: let the scalar loader name the first bad element.
     return LoadTileToStorage(preset, d, src, dtype, frame, dst, what);
   }
-  if (preset.rotates() && frame == Frame::kOriginal) FwhtRows(dst, preset.tile_tokens, d);
   return {};
 }
 
-// Keys: M = K [G][D]; groups are channels (columns). B = M / S_token / S_channel.
+// Codes of one vector of groups in int32 lanes: clamp(round_half_even((x - lo) / step), 0,
+// qmax). The quotient lies in [0, qmax * (1 + 2^-23)] (x >= lo, step >= (hi - lo) / qmax up
+// to rounding), so adding 2^23 rounds it to an integer exactly as rint does and leaves that
+// integer in the low mantissa bits; the clamp is then an integer min on the bit pattern.
+struct CodeQuantizer {
+  explicit CodeQuantizer(int bits)
+      : magic(hn::Set(DF(), 8388608.0f)),
+        max_bits(hn::Set(DI(), 0x4B000000 + (1 << bits) - 1)),
+        low_bits(hn::Set(DI(), 0xFF)) {}
+  hn::Vec<DI> operator()(VF x, VF lo, VF step) const {
+    const VF shifted = hn::Add(hn::Div(hn::Sub(x, lo), step), magic);
+    return hn::And(hn::Min(hn::BitCast(DI(), shifted), max_bits), low_bits);
+  }
+  VF magic;
+  hn::Vec<DI> max_bits, low_bits;
+};
+
+// Keys: M = K [G][D]; groups are channels (columns). B = M / S_token / S_channel. One vector
+// of channels at a time: B's column strip goes to an L1 buffer while its range is found, then
+// the p = 8/bits codes of consecutive tokens are packed into one byte per channel (the packed
+// tile is [G/p][D]) and a byte transpose writes the record's channel-major rows.
 void QuantizeKeys(const float* HWY_RESTRICT m, size_t g, size_t d, int bits, const float* HWY_RESTRICT tok_inv,
                   const float* HWY_RESTRICT ch_inv, EncodeScratch& s, uint8_t* HWY_RESTRICT packed,
                   float* HWY_RESTRICT step_out, float* HWY_RESTRICT lo_out) {
   const DF df;
-  const DI di;
   const size_t N = hn::Lanes(df);
-  float* HWY_RESTRICT b = s.b.get();
+  const size_t per_byte = static_cast<size_t>(8 / bits);
+  const VF qmax = hn::Set(df, static_cast<float>((1 << bits) - 1));
+  const CodeQuantizer quantize(bits);
+  float* HWY_RESTRICT strip = s.b.get();       // [G][N]
+  uint8_t* HWY_RESTRICT tile = s.codes.get();  // [G/p][D]
   for (size_t c = 0; c < d; c += N) {
     const VF ic = hn::LoadU(df, ch_inv + c);
     VF lo = hn::Set(df, HUGE_VALF), hi = hn::Set(df, -HUGE_VALF);
     for (size_t t = 0; t < g; ++t) {
       const VF x = hn::Mul(hn::Mul(hn::LoadU(df, m + t * d + c), hn::Set(df, tok_inv[t])), ic);
-      hn::StoreU(x, df, b + t * d + c);
+      hn::Store(x, df, strip + t * N);
       lo = hn::Min(lo, x);
       hi = hn::Max(hi, x);
     }
-    const float qmax = static_cast<float>((1 << bits) - 1);
-    const VF step = hn::Max(hn::Div(hn::Sub(hi, lo), hn::Set(df, qmax)), hn::Set(df, kStepFloor));
+    const VF step = hn::Max(hn::Div(hn::Sub(hi, lo), qmax), hn::Set(df, kStepFloor));
     hn::StoreU(step, df, step_out + c);
     hn::StoreU(lo, df, lo_out + c);
-  }
-  const VF qmaxv = hn::Set(df, static_cast<float>((1 << bits) - 1));
-  uint8_t* HWY_RESTRICT codes = s.codes.get();
-  for (size_t t = 0; t < g; ++t) {
-    for (size_t c = 0; c < d; c += N) {
-      const VF q = hn::Round(hn::Div(hn::Sub(hn::LoadU(df, b + t * d + c), hn::LoadU(df, lo_out + c)),
-                                     hn::LoadU(df, step_out + c)));
-      const auto qi = hn::ConvertTo(di, hn::Min(hn::Max(q, hn::Zero(df)), qmaxv));
-      hn::StoreU(hn::DemoteTo(DU8F(), qi), DU8F(), codes + t * d + c);
+    for (size_t t = 0; t < g; t += per_byte) {
+      auto byte = quantize(hn::Load(df, strip + t * N), lo, step);
+      for (size_t k = 1; k < per_byte; ++k) {
+        const auto code = quantize(hn::Load(df, strip + (t + k) * N), lo, step);
+        byte = hn::Or(byte, hn::ShiftLeftSame(code, static_cast<int>(k) * bits));
+      }
+      hn::StoreU(hn::TruncateTo(DU8F(), hn::BitCast(DU(), byte)), DU8F(),
+                 tile + (t / per_byte) * d + c);
     }
   }
-  TransposeBytes(codes, g, d, s.codes_t.get());  // -> channel-major [D][G]
-  const size_t row_bytes = g * bits / 8;
-  for (size_t c = 0; c < d; ++c) PackCodes(s.codes_t.get() + c * g, g, bits, packed + c * row_bytes);
+  TransposeBytes(tile, g / per_byte, d, packed);  // -> channel-major [D][G/p]
 }
 
-// Values: M = V [G][D]; groups are tokens (rows). B = M / S_channel / S_token.
+// Values: M = V [G][D]; groups are tokens (rows). B = M / S_channel / S_token. Every row's
+// range first (rows independent, so their reductions overlap), then the codes, recomputing
+// B (bit-identical, cheaper than keeping it) and packing the p = 8/bits codes of adjacent
+// channels into each byte of the record's token-major rows.
 void QuantizeValues(const float* HWY_RESTRICT m, size_t g, size_t d, int bits,
                     const float* HWY_RESTRICT tok_inv, const float* HWY_RESTRICT ch_inv, EncodeScratch& s,
                     uint8_t* HWY_RESTRICT packed, float* HWY_RESTRICT step_out, float* HWY_RESTRICT lo_out) {
   const DF df;
-  const DI di;
   const size_t N = hn::Lanes(df);
   const float qmax = static_cast<float>((1 << bits) - 1);
-  const VF qmaxv = hn::Set(df, qmax);
-  float* HWY_RESTRICT b = s.b.get();
-  uint8_t* HWY_RESTRICT codes = s.codes.get();
-  const size_t row_bytes = d * bits / 8;
+  const auto balanced = [&](size_t t, size_t c) {
+    return hn::Mul(hn::Mul(hn::LoadU(df, m + t * d + c), hn::LoadU(df, ch_inv + c)),
+                   hn::Set(df, tok_inv[t]));
+  };
   for (size_t t = 0; t < g; ++t) {
-    const VF it = hn::Set(df, tok_inv[t]);
     VF lo = hn::Set(df, HUGE_VALF), hi = hn::Set(df, -HUGE_VALF);
     for (size_t c = 0; c < d; c += N) {
-      const VF x = hn::Mul(hn::Mul(hn::LoadU(df, m + t * d + c), hn::LoadU(df, ch_inv + c)), it);
-      hn::StoreU(x, df, b + c);
+      const VF x = balanced(t, c);
       lo = hn::Min(lo, x);
       hi = hn::Max(hi, x);
     }
     const float lo_s = ReduceMin(lo), hi_s = ReduceMax(hi);
-    const float step = QuantStep(lo_s, hi_s, bits);
-    step_out[t] = step;
+    step_out[t] = std::max((hi_s - lo_s) / qmax, kStepFloor);  // QuantStep; never NaN here
     lo_out[t] = lo_s;
-    const VF lov = hn::Set(df, lo_s), stepv = hn::Set(df, step);
+  }
+  const CodeQuantizer quantize(bits);
+  uint8_t* HWY_RESTRICT codes = s.codes.get();
+  const size_t row_bytes = d * bits / 8;
+  for (size_t t = 0; t < g; ++t) {
+    const VF lo = hn::Set(df, lo_out[t]), step = hn::Set(df, step_out[t]);
     for (size_t c = 0; c < d; c += N) {
-      const VF q = hn::Round(hn::Div(hn::Sub(hn::LoadU(df, b + c), lov), stepv));
-      const auto qi = hn::ConvertTo(di, hn::Min(hn::Max(q, hn::Zero(df)), qmaxv));
-      hn::StoreU(hn::DemoteTo(DU8F(), qi), DU8F(), codes + c);
+      hn::StoreU(hn::TruncateTo(DU8F(), hn::BitCast(DU(), quantize(balanced(t, c), lo, step))),
+                 DU8F(), codes + c);
     }
     PackCodes(codes, d, bits, packed + t * row_bytes);
   }
@@ -127,20 +163,25 @@ void QuantizeValues(const float* HWY_RESTRICT m, size_t g, size_t d, int bits,
 
 // Folds balancing scales into fp16 affine fields: a = S*step, b = S*lo (per group), and the
 // other axis's S. Returns false if any does not fit in fp16.
-bool StoreScales(size_t groups, const float* group_scale, const float* step, const float* lo,
-                 size_t others, const float* other_scale, uint8_t* a_out, uint8_t* b_out,
+bool StoreScales(size_t groups, const float* HWY_RESTRICT group_scale,
+                 const float* HWY_RESTRICT step, const float* HWY_RESTRICT lo, size_t others,
+                 const float* HWY_RESTRICT other_scale, uint8_t* a_out, uint8_t* b_out,
                  uint8_t* s_out) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  HWY_ALIGN uint16_t h[HWY_MAX_BYTES / sizeof(float)];
   bool ok = true;
-  const auto put = [&](uint8_t* dst, size_t i, float x) {
-    const uint16_t h = FloatToHalf(x);
-    ok &= (h & 0x7C00u) != 0x7C00u;
-    std::memcpy(dst + 2 * i, &h, 2);
+  const auto put = [&](VF x, uint8_t* dst) {
+    StoreHalf(x, h);
+    for (size_t i = 0; i < N; ++i) ok &= (h[i] & 0x7C00u) != 0x7C00u;
+    std::memcpy(dst, h, N * sizeof(uint16_t));
   };
-  for (size_t i = 0; i < groups; ++i) {
-    put(a_out, i, group_scale[i] * step[i]);
-    put(b_out, i, group_scale[i] * lo[i]);
+  for (size_t i = 0; i < groups; i += N) {
+    const VF sc = hn::LoadU(df, group_scale + i);
+    put(hn::Mul(sc, hn::LoadU(df, step + i)), a_out + 2 * i);
+    put(hn::Mul(sc, hn::LoadU(df, lo + i)), b_out + 2 * i);
   }
-  for (size_t i = 0; i < others; ++i) put(s_out, i, other_scale[i]);
+  for (size_t i = 0; i < others; i += N) put(hn::LoadU(df, other_scale + i), s_out + 2 * i);
   return ok;
 }
 
@@ -151,8 +192,8 @@ CodecStatus EncodeImpl(const Preset& preset, int head_dim, const TileIn& in, uin
   float* k = s.k.get();
   float* v = s.v.get();
   KVARN_RETURN_IF_ERROR(LoadTile(preset, head_dim, in.keys, in.dtype, in.frame, k, "keys"));
-  KVARN_RETURN_IF_ERROR(LoadTile(preset, head_dim, in.values, in.dtype, in.frame, v, "values"));
   if (!preset.quantizes()) {
+    KVARN_RETURN_IF_ERROR(LoadTile(preset, head_dim, in.values, in.dtype, in.frame, v, "values"));
     const size_t n = g * d;
     auto* out = reinterpret_cast<uint16_t*>(record);
     for (size_t i = 0; i < n; i += hn::Lanes(DF())) {
@@ -161,6 +202,10 @@ CodecStatus EncodeImpl(const Preset& preset, int head_dim, const TileIn& in, uin
     }
     return {};
   }
+  // The values are read only once the keys are done: fetch them meanwhile.
+  const size_t in_bytes = g * d * (in.dtype == DType::kF32 ? sizeof(float) : sizeof(uint16_t));
+  for (size_t i = 0; i < in_bytes; i += 64)
+    hwy::Prefetch(static_cast<const uint8_t*>(in.values) + i);
   const RecordLayout l = preset.Layout(head_dim);
   uint8_t* r = s.record.get();
   // Keys: first axis per token (M's rows); values: first axis per channel (M's columns).
@@ -174,6 +219,7 @@ CodecStatus EncodeImpl(const Preset& preset, int head_dim, const TileIn& in, uin
                s.step.get(), s.lo.get());
   bool ok = StoreScales(d, s.ch_scale.get(), s.step.get(), s.lo.get(), g, s.tok_scale.get(),
                         r + l.k_a, r + l.k_b, r + l.k_r);
+  KVARN_RETURN_IF_ERROR(LoadTile(preset, head_dim, in.values, in.dtype, in.frame, v, "values"));
   if (preset.balances()) {
     Balance(v, g, d, /*rows_first=*/false, iterations, s.balance, s.tok_scale.get(), s.tok_inv.get(),
             s.ch_scale.get(), s.ch_inv.get());

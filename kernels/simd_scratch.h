@@ -27,23 +27,29 @@ class ScratchArray {
 };
 
 struct BalanceScratch {
-  // Per row (r) and per column (c) of the balanced matrix: log-scales, scales exp(l),
-  // their reciprocals in double, stds in double, and the best-so-far log-scales.
-  ScratchArray<float> lr, lc, er, ec, fr, fc, best_lr, best_lc;
-  ScratchArray<double> rr, rc, sr, sc;
+  ScratchArray<double> tile;  // the tile widened to double, [rows][cols]
+  // Per row (r) and per column (c): log-scales, their best-so-far values, reciprocal scales
+  // 1 / exp(l) and stds, both in double.
+  ScratchArray<float> lr, best_lr, lc, best_lc;
+  ScratchArray<double> rr, sr, rc, sc;
+  ScratchArray<double> s1, s2;  // one pass's shifted sums, per row or per column
+  ScratchArray<float> tmp;      // per row or per column
   void Reserve(size_t rows, size_t cols) {
-    for (ScratchArray<float>* a : {&lr, &er, &fr, &best_lr}) a->Reserve(rows);
-    for (ScratchArray<float>* a : {&lc, &ec, &fc, &best_lc}) a->Reserve(cols);
-    rr.Reserve(rows);
-    sr.Reserve(rows);
-    rc.Reserve(cols);
-    sc.Reserve(cols);
+    const size_t wide = rows > cols ? rows : cols;
+    tile.Reserve(rows * cols);
+    for (ScratchArray<float>* a : {&lr, &best_lr}) a->Reserve(rows);
+    for (ScratchArray<float>* a : {&lc, &best_lc}) a->Reserve(cols);
+    for (ScratchArray<double>* a : {&rr, &sr}) a->Reserve(rows);
+    for (ScratchArray<double>* a : {&rc, &sc}) a->Reserve(cols);
+    for (ScratchArray<double>* a : {&s1, &s2}) a->Reserve(wide);
+    tmp.Reserve(wide);
   }
 };
 
 struct EncodeScratch {
-  ScratchArray<float> k, v, b;           // [G][D] tiles in the storage frame, balanced rows
-  ScratchArray<uint8_t> codes, codes_t;  // [G][D] codes and their transpose
+  ScratchArray<float> k, v;     // [G][D] tiles in the storage frame
+  ScratchArray<float> b;        // balanced values: a key column strip [G][N] or a value row [D]
+  ScratchArray<uint8_t> codes;  // packed key codes token-major [G/p][D], or one value row
   ScratchArray<uint8_t> record;          // the record under construction
   ScratchArray<float> tok_scale, tok_inv, ch_scale, ch_inv, step, lo;
   BalanceScratch balance;
@@ -53,7 +59,6 @@ struct EncodeScratch {
     const size_t n = g * d, wide = g > d ? g : d;
     for (ScratchArray<float>* a : {&s.k, &s.v, &s.b}) a->Reserve(n);
     s.codes.Reserve(n);
-    s.codes_t.Reserve(n);
     s.record.Reserve(4 * n);
     for (ScratchArray<float>* a : {&s.tok_scale, &s.tok_inv, &s.ch_scale, &s.ch_inv, &s.step, &s.lo}) {
       a->Reserve(wide);
@@ -64,15 +69,16 @@ struct EncodeScratch {
 };
 
 struct DecodeScratch {
-  ScratchArray<uint8_t> codes, codes_t;  // [D][G] unpacked key codes and their transpose
-  ScratchArray<float> tile;              // [G][D] fp32, when the output needs unrotating
-  ScratchArray<float> a, b, s;           // widened fp16 fields
+  ScratchArray<uint8_t> codes;    // one row of unpacked value codes
+  ScratchArray<uint8_t> codes_t;  // packed key codes, transposed to token-major [G/p][D]
+  ScratchArray<float> rows;       // a few decoded rows, when the output needs unrotating
+  ScratchArray<float> a, b, s;    // widened fp16 fields
 
   static DecodeScratch& ForThread(size_t g, size_t d) {
     thread_local DecodeScratch s;
-    s.codes.Reserve(g * d);
-    s.codes_t.Reserve(g * d);
-    s.tile.Reserve(g * d);
+    s.codes.Reserve(d);
+    s.codes_t.Reserve(g * d / 2);
+    s.rows.Reserve(4 * d);  // RowSink::kRows
     const size_t wide = g > d ? g : d;
     for (ScratchArray<float>* x : {&s.a, &s.b, &s.s}) x->Reserve(wide);
     return s;

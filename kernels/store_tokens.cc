@@ -1,5 +1,7 @@
 #include "kernels/store_tokens.h"
 
+#include "kernels/codec_internal.h"
+
 #include <cmath>
 #include <string>
 #include <vector>
@@ -17,8 +19,8 @@ float ValueAt(const void* src, size_t i, DType dtype) {
 
 }  // namespace
 
-CodecStatus CheckStoreTokens(const Preset& preset, const BlockLayout& layout, int first, int n,
-                             const void* keys, const void* values, DType dtype) {
+CodecStatus CheckStoreShape(const Preset& preset, const BlockLayout& layout, int first, int n,
+                            const void* keys, const void* values) {
   if (keys == nullptr || values == nullptr) return InvalidArgument("no K/V to store");
   if (layout.head_dim <= 0 || layout.num_layers <= 0 || layout.num_kv_heads <= 0 ||
       layout.tile_tokens != preset.tile_tokens) {
@@ -29,6 +31,12 @@ CodecStatus CheckStoreTokens(const Preset& preset, const BlockLayout& layout, in
     return InvalidArgument("tokens [" + std::to_string(first) + ", " + std::to_string(first + n) +
                            ") do not fit a " + std::to_string(layout.tile_tokens) + "-token slot");
   }
+  return {};
+}
+
+CodecStatus CheckStoreTokens(const Preset& preset, const BlockLayout& layout, int first, int n,
+                             const void* keys, const void* values, DType dtype) {
+  KVARN_RETURN_IF_ERROR(CheckStoreShape(preset, layout, first, n, keys, values));
   const size_t d = static_cast<size_t>(layout.head_dim);
   const size_t per_token = layout.slots() * d;
   const size_t total = static_cast<size_t>(n) * per_token;
@@ -74,8 +82,9 @@ CodecStatus CheckStoreTokens(const Preset& preset, const BlockLayout& layout, in
   return {};
 }
 
-void ReferenceStoreTokens(const Preset& preset, const BlockLayout& layout, uint8_t* slot, int first,
-                          int n, const void* keys, const void* values, DType dtype) {
+CodecStatus ReferenceStoreTokens(const Preset& preset, const BlockLayout& layout, uint8_t* slot,
+                                 int first, int n, const void* keys, const void* values, DType dtype) {
+  KVARN_RETURN_IF_ERROR(CheckStoreTokens(preset, layout, first, n, keys, values, dtype));
   const size_t d = static_cast<size_t>(layout.head_dim);
   std::vector<float> row(d);
   for (int t = 0; t < n; ++t) {
@@ -92,19 +101,15 @@ void ReferenceStoreTokens(const Preset& preset, const BlockLayout& layout, uint8
       }
     }
   }
+  return {};
 }
 
 CodecStatus Codec::StoreTokens(const Preset& preset, const BlockLayout& layout, uint8_t* slot,
                                int first, int n, const void* keys, const void* values,
                                DType dtype) const {
   if (slot == nullptr) return InvalidArgument("no slot to store into");
-  KVARN_RETURN_IF_ERROR(CheckStoreTokens(preset, layout, first, n, keys, values, dtype));
-  if (this == &Reference() || SimdStoreTokens == nullptr) {
-    ReferenceStoreTokens(preset, layout, slot, first, n, keys, values, dtype);
-  } else {
-    SimdStoreTokens(preset, layout, slot, first, n, keys, values, dtype);
-  }
-  return {};
+  KVARN_RETURN_IF_ERROR(CheckStoreShape(preset, layout, first, n, keys, values));
+  return kernels_->store(preset, layout, slot, first, n, keys, values, dtype);
 }
 
 }  // namespace kvarn

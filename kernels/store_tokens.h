@@ -1,5 +1,5 @@
-// StoreTokens, the worker-side write of new tokens into an fp16 slot: implementations.
-// Not a public header (use Codec::StoreTokens).
+// StoreTokens, the worker-side write of new tokens into an fp16 slot: implementations (use
+// Codec::StoreTokens), and a fast scan of fp16 data for NaN/Inf.
 #ifndef KVARN_KERNELS_STORE_TOKENS_H_
 #define KVARN_KERNELS_STORE_TOKENS_H_
 
@@ -7,17 +7,24 @@
 
 namespace kvarn {
 
-// Shape and value checks shared by both implementations; names the first bad element.
+// Shape checks (the front's) and value checks; names the first bad element.
+CodecStatus CheckStoreShape(const Preset& preset, const BlockLayout& layout, int first, int n,
+                            const void* keys, const void* values);
 CodecStatus CheckStoreTokens(const Preset& preset, const BlockLayout& layout, int first, int n,
                              const void* keys, const void* values, DType dtype);
 
-// After CheckStoreTokens passed.
-void ReferenceStoreTokens(const Preset& preset, const BlockLayout& layout, uint8_t* slot, int first,
-                          int n, const void* keys, const void* values, DType dtype);
-// Defined by the SIMD library (kvarn_codec). Weak, so the scalar-only build (the GPU
-// machine's) links without it: only Codec::Simd(), which lives there too, ever calls it.
-void SimdStoreTokens(const Preset& preset, const BlockLayout& layout, uint8_t* slot, int first,
-                     int n, const void* keys, const void* values, DType dtype) __attribute__((weak));
+// The implementations (Codec::Kernels::store): validate the values, then write.
+CodecStatus ReferenceStoreTokens(const Preset& preset, const BlockLayout& layout, uint8_t* slot,
+                                 int first, int n, const void* keys, const void* values, DType dtype);
+CodecStatus SimdStoreTokens(const Preset& preset, const BlockLayout& layout, uint8_t* slot, int first,
+                            int n, const void* keys, const void* values, DType dtype);
+
+// Index of the first NaN or Inf among n binary16 values, or n if all are finite (SIMD,
+// dispatched at run time). What the daemon checks committed tail tokens with.
+size_t FindNonFiniteHalf(const uint16_t* x, size_t n);
+// The same over `chunks` runs of `len` values, run c starting at x + c * stride: returns the
+// flat position c * len + i of the first NaN/Inf, or chunks * len if there is none.
+size_t FindNonFiniteHalfStrided(const uint16_t* x, size_t stride, size_t chunks, size_t len);
 
 }  // namespace kvarn
 

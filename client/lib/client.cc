@@ -213,11 +213,19 @@ absl::Status Session::Check(const grpc::Status& s) {
   return FromGrpc(s);
 }
 
-void Session::Remember(uint64_t seq, const v1::BlockTable& table) {
+SequenceTable Session::Remember(uint64_t seq, const v1::BlockTable& table) {
   absl::MutexLock lock(&mu_);
   SeqState& st = seqs_[seq];
-  st.table = FromProto(table);
+  if (table.blocks_omitted()) {
+    // The daemon left out the block ids: unchanged since the table we hold.
+    std::vector<uint32_t> blocks = std::move(st.table.quant_blocks);
+    st.table = FromProto(table);
+    st.table.quant_blocks = std::move(blocks);
+  } else {
+    st.table = FromProto(table);
+  }
   st.staged = 0;
+  return st.table;
 }
 
 absl::StatusOr<SequenceInfo> Session::CreateSequence(std::span<const uint32_t> prompt) {
@@ -306,8 +314,7 @@ absl::StatusOr<AppendInfo> Session::Commit(uint64_t seq, std::span<const uint32_
   v1::AppendResponse resp;
   grpc::ClientContext ctx;
   if (absl::Status s = Check(client_->stub().Append(Prepare(&ctx), req, &resp)); !s.ok()) return s;
-  Remember(seq, resp.table());
-  return AppendInfo{FromProto(resp.table()), resp.sealed()};
+  return AppendInfo{Remember(seq, resp.table()), resp.sealed()};
 }
 
 absl::StatusOr<AppendInfo> Session::Commit(uint64_t seq, std::span<const uint32_t> ids, CUevent_st* ready) {
@@ -346,8 +353,7 @@ std::vector<absl::StatusOr<AppendInfo>> Session::CommitBatch(
       out.push_back(absl::Status(static_cast<absl::StatusCode>(it.code()), it.message()));
       continue;
     }
-    Remember(items[i].first, it.result().table());
-    out.push_back(AppendInfo{FromProto(it.result().table()), it.result().sealed()});
+    out.push_back(AppendInfo{Remember(items[i].first, it.result().table()), it.result().sealed()});
   }
   return out;
 }
@@ -365,8 +371,7 @@ absl::StatusOr<AppendInfo> Session::AppendInline(uint64_t seq, std::span<const u
   v1::AppendResponse resp;
   grpc::ClientContext ctx;
   if (absl::Status s = Check(client_->stub().AppendInline(Prepare(&ctx), req, &resp)); !s.ok()) return s;
-  Remember(seq, resp.table());
-  return AppendInfo{FromProto(resp.table()), resp.sealed()};
+  return AppendInfo{Remember(seq, resp.table()), resp.sealed()};
 }
 
 absl::StatusOr<SequenceInfo> Session::Fork(uint64_t seq) {

@@ -214,7 +214,8 @@ class Session {
   Session(Client* client, const v1::OpenSessionResponse& open, const Preset& preset);
   absl::Status MapPool();
   void KeepAliveLoop();
-  void Remember(uint64_t seq, const v1::BlockTable& table) ABSL_LOCKS_EXCLUDED(mu_);
+  // Records the daemon's table (merging one with omitted blocks) and returns the full table.
+  SequenceTable Remember(uint64_t seq, const v1::BlockTable& table) ABSL_LOCKS_EXCLUDED(mu_);
   grpc::ClientContext* Prepare(grpc::ClientContext* ctx) const;
   absl::Status Check(const grpc::Status& s);
   // Bases of the mapped slabs, host or device.

@@ -50,6 +50,10 @@ struct CoreConfig {
   bool share_across_tenants = false;
   // Grants admin operations (evict all, other tenants, global listings). Empty: nobody.
   std::string admin_token;
+  // Scan every committed token for NaN/Inf at commit. Off, bad values are still refused,
+  // but only when their tile seals (the sealing append fails and nothing changes); the
+  // per-commit scan reads the new tokens' K/V for every layer and kv-head.
+  bool check_commits = true;
 };
 
 struct SessionRef {
@@ -65,6 +69,7 @@ struct BlockTableView {
   std::vector<uint32_t> quant_blocks;
   uint32_t tail_slot = 0;
   uint32_t tail_tokens = 0;
+  bool blocks_omitted = false;  // quant_blocks unchanged since the previous table
 };
 
 struct PoolView {

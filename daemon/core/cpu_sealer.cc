@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/fp16.h"
+#include "kernels/store_tokens.h"
 
 namespace kvarn {
 
@@ -75,26 +76,18 @@ CpuSealer::CpuSealer(const Preset& preset, const BlockLayout& layout, int seal_t
     : preset_(preset), layout_(layout), pool_(std::make_unique<ParallelFor>(seal_threads)) {}
 
 absl::Status CpuSealer::CheckTokens(const uint8_t* slot, int first, int count) {
-  const size_t d = static_cast<size_t>(layout_.head_dim);
-  for (int l = 0; l < layout_.num_layers; ++l) {
-    for (int h = 0; h < layout_.num_kv_heads; ++h) {
-      for (int which = 0; which < 2; ++which) {
-        const size_t off = which == 0 ? layout_.Fp16KeysOffset(l, h) : layout_.Fp16ValuesOffset(l, h);
-        const auto* x = reinterpret_cast<const uint16_t*>(slot + off) + static_cast<size_t>(first) * d;
-        const size_t n = static_cast<size_t>(count) * d;
-        bool bad = false;
-        for (size_t i = 0; i < n; ++i) bad |= (x[i] & 0x7C00u) == 0x7C00u;
-        if (bad) {
-          size_t i = 0;
-          while ((x[i] & 0x7C00u) != 0x7C00u) ++i;
-          return absl::InvalidArgumentError(absl::StrCat(
-              which == 0 ? "keys" : "values", " of token ", first + static_cast<int>(i / d), " (layer ", l,
-              ", kv-head ", h, ", channel ", i % d, ") hold NaN or Inf"));
-        }
-      }
-    }
-  }
-  return absl::OkStatus();
+  // Keys and values of every (layer, head) are 2 * slots equal runs of the slot, tile_elems
+  // apart: one scan covers the token range in all of them.
+  const size_t d = static_cast<size_t>(layout_.head_dim), len = static_cast<size_t>(count) * d;
+  const size_t chunks = 2 * layout_.slots();
+  const auto* base = reinterpret_cast<const uint16_t*>(slot) + static_cast<size_t>(first) * d;
+  const size_t bad = FindNonFiniteHalfStrided(base, layout_.tile_elems(), chunks, len);
+  if (bad == chunks * len) return absl::OkStatus();
+  const size_t chunk = bad / len, i = bad % len, s = chunk / 2;
+  return absl::InvalidArgumentError(absl::StrCat(chunk % 2 == 0 ? "keys" : "values", " of token ",
+                                                 first + static_cast<int>(i / d), " (layer ", s / layout_.num_kv_heads,
+                                                 ", kv-head ", s % layout_.num_kv_heads, ", channel ", i % d,
+                                                 ") hold NaN or Inf"));
 }
 
 absl::Status CpuSealer::SealQuantized(const uint8_t* slot, uint8_t* block) {

@@ -160,12 +160,13 @@ std::optional<BlockRef> KvCore::LastBlock(const Sequence& q) const {
   return std::nullopt;
 }
 
-BlockTableView KvCore::TableOf(const Sequence& q) const {
+BlockTableView KvCore::TableOf(const Sequence& q, bool with_blocks) const {
   BlockTableView t;
   t.tokens = q.tokens;
   t.has_sink = q.has_sink;
   t.sink_block = q.sink;
-  t.quant_blocks = q.quant;
+  if (with_blocks) t.quant_blocks = q.quant;
+  t.blocks_omitted = !with_blocks;
   t.tail_slot = q.tail_slot;
   t.tail_tokens = q.tail_tokens;
   return t;

@@ -78,6 +78,9 @@ class KvCore {
                                       std::span<const uint32_t> token_ids);
   // Writes the K/V ([n][layers][kv_heads][head_dim], original frame) into the tail, then
   // commits them. keys/values hold n * layers * kv_heads * head_dim elements of dtype.
+  // Many appends of one session: one result per item, in order, each as Append would give.
+  std::vector<absl::StatusOr<AppendResult>> AppendBatch(
+      SessionRef ref, std::span<const std::pair<SequenceId, std::span<const uint32_t>>> items);
   absl::StatusOr<AppendResult> AppendInline(SessionRef ref, SequenceId seq,
                                             std::span<const uint32_t> token_ids,
                                             const void* keys, const void* values, DType dtype);
@@ -147,7 +150,7 @@ class KvCore {
   absl::StatusOr<Session*> FindSession(SessionRef ref) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Sequence*> FindSequence(Session* s, SequenceId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint32_t InternTenant(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  BlockTableView TableOf(const Sequence& q) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  BlockTableView TableOf(const Sequence& q, bool with_blocks = true) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint8_t* SlotPtr(const Session& s, uint32_t slot) const;
   uint8_t* BlockPtr(BlockRef b) const;
   size_t BlockBytes(BlockClass c) const;
@@ -172,6 +175,8 @@ class KvCore {
   absl::StatusOr<AppendResult> AppendImpl(SessionRef ref, SequenceId seq,
                                           std::span<const uint32_t> token_ids, const void* keys,
                                           const void* values, DType dtype);
+  // Phase B of an append: the data-plane work outside the lock.
+  absl::Status AppendWork(const AppendPlan& plan, const void* keys, const void* values, DType dtype);
   absl::Status PlanAppend(SessionRef ref, SequenceId seq, std::span<const uint32_t> ids,
                           AppendPlan* plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<AppendResult> FinishAppend(const AppendPlan& plan, absl::Status work)

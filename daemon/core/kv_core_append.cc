@@ -102,11 +102,48 @@ absl::StatusOr<AppendResult> KvCore::AppendImpl(SessionRef ref, SequenceId seq,
     absl::MutexLock lock(&mu_);
     if (absl::Status s = PlanAppend(ref, seq, token_ids, &plan); !s.ok()) return s;
   }
-  // Phase B: the sequence is busy, so its slot and the kSealing block are ours alone.
+  absl::Status work = AppendWork(plan, keys, values, dtype);
+  absl::MutexLock lock(&mu_);
+  return FinishAppend(plan, work);
+}
+
+std::vector<absl::StatusOr<AppendResult>> KvCore::AppendBatch(
+    SessionRef ref, std::span<const std::pair<SequenceId, std::span<const uint32_t>>> items) {
+  // Same three phases as Append, each taken once for the whole batch.
+  std::vector<absl::StatusOr<AppendResult>> out(items.size(), absl::UnknownError("not run"));
+  std::vector<AppendPlan> plans(items.size());
+  std::vector<bool> planned(items.size(), false);
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < items.size(); ++i) {
+      absl::Status s = PlanAppend(ref, items[i].first, items[i].second, &plans[i]);
+      if (!s.ok()) {
+        out[i] = s;
+      } else {
+        planned[i] = true;
+      }
+    }
+  }
+  std::vector<absl::Status> work(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (planned[i]) work[i] = AppendWork(plans[i], nullptr, nullptr, DType::kF16);
+  }
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (planned[i]) out[i] = FinishAppend(plans[i], work[i]);
+  }
+  return out;
+}
+
+absl::Status KvCore::AppendWork(const AppendPlan& plan, const void* keys, const void* values, DType dtype) {
+  // The sequence is busy, so its slot and the kSealing block are ours alone.
   absl::Status work;
   const absl::Time start = clock_->Now();
   if (keys != nullptr) work = sealer_->WriteTokens(plan.slot, plan.first, plan.n, keys, values, dtype);
-  if (work.ok()) work = sealer_->CheckTokens(plan.slot, plan.first, plan.n);
+  // Inline K/V were checked as they were written; staged ones are checked at commit unless
+  // configured not to. Either way a seal validates the whole tile again (the encoder refuses
+  // NaN/Inf, the sink copy is scanned), which also catches a client rewriting committed tokens.
+  if (work.ok() && keys == nullptr && config_.check_commits) work = sealer_->CheckTokens(plan.slot, plan.first, plan.n);
   double sampled_error = -1.0;
   if (work.ok() && plan.seal && plan.own_block) {
     uint8_t* dst = BlockPtr(plan.block);
@@ -118,8 +155,7 @@ absl::StatusOr<AppendResult> KvCore::AppendImpl(SessionRef ref, SequenceId seq,
     if (observer_ != nullptr && work.ok()) observer_->OnSeal(plan.cls == BlockClass::kSink, clock_->Now() - start);
   }
   if (sampled_error >= 0.0) observer_->OnQuantError(sampled_error);
-  absl::MutexLock lock(&mu_);
-  return FinishAppend(plan, work);
+  return work;
 }
 
 absl::StatusOr<AppendResult> KvCore::FinishAppend(const AppendPlan& plan, absl::Status work) {
@@ -183,7 +219,7 @@ absl::StatusOr<AppendResult> KvCore::FinishAppend(const AppendPlan& plan, absl::
   }
   if (!work.ok()) return work;
   AppendResult r;
-  r.table = TableOf(q);
+  r.table = TableOf(q, /*with_blocks=*/plan.seal);
   r.sealed = plan.seal;
   return r;
 }

@@ -117,6 +117,12 @@ const std::map<std::string, Key>& Keys() {
                                   c->core.share_across_tenants = v == "true";
                                   return absl::OkStatus();
                                 }}},
+      {"check_commits", {"true: scan committed tokens for NaN/Inf at every commit; false: only when their tile seals (default true)",
+                         [](const std::string& v, DaemonConfig* c) {
+                           if (v != "true" && v != "false") return Bad("check_commits", v, "true or false");
+                           c->core.check_commits = v == "true";
+                           return absl::OkStatus();
+                         }}},
       {"admin_token", {"token granting admin operations (default none)", [](const std::string& v, DaemonConfig* c) {
                          c->core.admin_token = v;
                          return absl::OkStatus();

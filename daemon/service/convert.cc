@@ -38,6 +38,7 @@ void ToProto(const BlockTableView& t, v1::BlockTable* out) {
   out->mutable_quant_blocks()->Assign(t.quant_blocks.begin(), t.quant_blocks.end());
   out->set_tail_slot(t.tail_slot);
   out->set_tail_tokens(t.tail_tokens);
+  out->set_blocks_omitted(t.blocks_omitted);
 }
 
 namespace {

@@ -199,10 +199,12 @@ grpc::Status KvService::AppendBatch(grpc::ServerContext*, const v1::AppendBatchR
     if (static_cast<uint32_t>(req->items_size()) > options_.max_batch) {
       return Invalid(absl::StrCat("batch of ", req->items_size(), " items exceeds ", options_.max_batch));
     }
-    const SessionRef ref = FromProto(req->session());
-    for (const v1::AppendRequest& item : req->items()) {
+    std::vector<std::pair<SequenceId, std::span<const uint32_t>>> items;
+    items.reserve(static_cast<size_t>(req->items_size()));
+    for (const v1::AppendRequest& item : req->items()) items.emplace_back(item.sequence_id(), Ids(item.token_ids()));
+    const auto results = core_->AppendBatch(FromProto(req->session()), items);
+    for (const auto& r : results) {
       auto* out = resp->add_items();
-      auto r = core_->Append(ref, item.sequence_id(), Ids(item.token_ids()));
       out->set_code(static_cast<int>(r.status().code()));
       if (!r.ok()) {
         out->set_message(std::string(r.status().message()));

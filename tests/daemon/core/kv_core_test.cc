@@ -464,3 +464,43 @@ TEST_F(CoreTest, SinkPressureEvictsCachedChainsLeavesFirst) {
 
 }  // namespace
 }  // namespace kvarn::testing
+
+namespace kvarn::testing {
+namespace {
+
+TEST_F(CoreTest, AppendsThatSealNothingOmitBlockIds) {
+  MakeCore(8, 8);
+  SessionRef s = Open("a");
+  auto q = core_->CreateSequence(s, std::vector<uint32_t>{});
+  AppendAll(s, q->sequence, Tokens(0, 64 + 64 + 3), 0);
+  std::vector<float> k = Kv(1, 9), v = Kv(1, 10);
+  auto r = core_->AppendInline(s, q->sequence, std::vector<uint32_t>{7}, k.data(), v.data(), DType::kF32);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->sealed);
+  EXPECT_TRUE(r->table.blocks_omitted);
+  EXPECT_TRUE(r->table.quant_blocks.empty());
+  EXPECT_EQ(r->table.tokens, 64u + 64 + 4);
+  EXPECT_FALSE(core_->Table(s, q->sequence)->blocks_omitted);
+  EXPECT_EQ(core_->Table(s, q->sequence)->quant_blocks.size(), 1u);
+}
+
+TEST_F(CoreTest, BatchAppendsAreIndependent) {
+  MakeCore(8, 8);
+  SessionRef s = Open("a", 3);
+  auto a = core_->CreateSequence(s, std::vector<uint32_t>{});
+  auto b = core_->CreateSequence(s, std::vector<uint32_t>{});
+  const std::vector<uint32_t> one = {1}, too_many = Tokens(0, 65);
+  std::vector<std::pair<SequenceId, std::span<const uint32_t>>> items = {
+      {a->sequence, one}, {999, one}, {b->sequence, too_many}, {b->sequence, one}};
+  auto r = core_->AppendBatch(s, items);
+  ASSERT_EQ(r.size(), 4u);
+  EXPECT_TRUE(r[0].ok());
+  EXPECT_EQ(r[1].status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(r[2].status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(r[3].ok());
+  EXPECT_EQ(core_->Table(s, a->sequence)->tokens, 1u);
+  EXPECT_EQ(core_->Table(s, b->sequence)->tokens, 1u);
+}
+
+}  // namespace
+}  // namespace kvarn::testing

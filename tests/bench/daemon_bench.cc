@@ -1,0 +1,326 @@
+// kvarnd end to end, measured in one run against references printed beside each figure:
+//   - an empty gRPC unary call (the health check) as the latency floor, then CreateSequence,
+//     Lookup, AppendBatch (64 sequences x 1 token) and Release: p50 and p99, target p50
+//     within 1.5x the floor;
+//   - appends through shared memory (Stage + Commit) against inline appends (K/V in the
+//     request), in tokens per second, decode-style (1 token) and prefill-style (full tiles);
+//   - sealing throughput (fp16 bytes quantized per second) against the codec's own encode
+//     speed on one core;
+//   - client reads of sealed blocks in place against memcpy bandwidth (target >= half).
+// It starts its own kvarnd (path from --kvarnd, default the one built beside it).
+//
+// usage: kvarn_daemon_bench [--kvarnd=PATH | --target=unix:/path] [--quick]
+// With --target it measures a kvarnd already running with the same model (8 x 4 x 128,
+// kvarn_k4v2_g128) instead of starting one.
+#include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/security/credentials.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <future>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/lib/client.h"
+#include "kernels/fp16.h"
+
+extern char** environ;
+
+namespace kvarn {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+struct Percentiles {
+  double p50 = 0, p99 = 0;
+};
+Percentiles Summarize(std::vector<double> us) {
+  std::sort(us.begin(), us.end());
+  return {us[us.size() / 2], us[std::min(us.size() - 1, us.size() * 99 / 100)]};
+}
+
+// Times one call in microseconds.
+template <typename F>
+double TimeUs(F&& f) {
+  const auto t0 = Clock::now();
+  f();
+  return Seconds(t0, Clock::now()) * 1e6;
+}
+
+// The empty unary call: grpc.health.v1.Health/Check with an empty request, sent through the
+// generic stub so no generated health code is needed.
+class HealthPinger {
+ public:
+  explicit HealthPinger(const std::shared_ptr<grpc::Channel>& ch) : stub_(ch) {}
+  bool Ping() {
+    grpc::ClientContext ctx;
+    grpc::ByteBuffer req, resp;
+    grpc::Slice empty;
+    req = grpc::ByteBuffer(&empty, 1);
+    std::promise<grpc::Status> done;
+    stub_.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &req, &resp,
+                    [&](grpc::Status s) { done.set_value(s); });
+    return done.get_future().get().ok();
+  }
+
+ private:
+  grpc::GenericStub stub_;
+};
+
+double MemcpyGBs(size_t bytes) {
+  std::vector<uint8_t> a(bytes, 1), b(bytes, 2);
+  double best = 1e30;
+  for (int r = 0; r < 5; ++r) {
+    const auto t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    best = std::min(best, Seconds(t0, Clock::now()));
+    a[r] = b[bytes - 1 - r];
+  }
+  return static_cast<double>(bytes) / best / 1e9;
+}
+
+struct Row {
+  std::string what, figure, reference, verdict;
+};
+std::vector<Row> g_rows;
+void Report(std::string what, std::string figure, std::string reference, std::string verdict = "") {
+  std::printf("  %-44s %-22s %-28s %s\n", what.c_str(), figure.c_str(), reference.c_str(), verdict.c_str());
+  std::fflush(stdout);
+  g_rows.push_back({std::move(what), std::move(figure), std::move(reference), std::move(verdict)});
+}
+std::string Fmt(const char* f, double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, x);
+  return buf;
+}
+
+int Main(int argc, char** argv) {
+  std::string kvarnd = KVARN_KVARND_PATH;
+  std::string target;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--kvarnd=", 0) == 0) {
+      kvarnd = a.substr(9);
+    } else if (a.rfind("--target=", 0) == 0) {
+      target = a.substr(9);
+    } else if (a == "--quick") {
+      quick = true;
+    } else {
+      std::fprintf(stderr, "usage: %s [--kvarnd=PATH | --target=unix:/path] [--quick]\n", argv[0]);
+      return 2;
+    }
+  }
+  const int reps = quick ? 200 : 2000;
+  char dir_template[] = "/tmp/kvarn-bench-XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  const std::string sock = dir + "/kvarnd.sock";
+  const std::string instance = "bench" + std::to_string(getpid());
+  // The demo model: 8 layers x 4 kv-heads x 128, kvarn_k4v2_g128, fp16 sink tile.
+  std::vector<std::string> args = {kvarnd, "--listen=" + sock, "--metrics=", "--instance=" + instance,
+                                   "--capacity=2GiB", "--fp16_share=0.5", "--num_layers=8", "--num_kv_heads=4", "--head_dim=128",
+                                   "--seal_threads=1", "--log_level=warning", "--max_tail_slots=512"};
+  std::vector<char*> cargs;
+  for (std::string& s : args) cargs.push_back(s.data());
+  cargs.push_back(nullptr);
+  pid_t daemon = 0;
+  if (target.empty()) {
+    if (posix_spawn(&daemon, kvarnd.c_str(), nullptr, nullptr, cargs.data(), environ) != 0) {
+      std::fprintf(stderr, "cannot start %s\n", kvarnd.c_str());
+      return 1;
+    }
+    target = "unix:" + sock;
+  }
+  auto client = Client::Connect(target, {}, absl::Seconds(10));
+  if (!client.ok()) {
+    std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
+    if (daemon > 0) kill(daemon, SIGKILL);
+    return 1;
+  }
+  SessionOptions so;
+  so.tenant = "bench";
+  so.layout.num_layers = 8;
+  so.layout.num_kv_heads = 4;
+  so.layout.head_dim = 128;
+  so.max_sequences = 100;
+  so.client_name = "kvarn_daemon_bench";
+  auto session_or = (*client)->OpenSession(so);
+  if (!session_or.ok()) {
+    std::fprintf(stderr, "%s\n", session_or.status().ToString().c_str());
+    if (daemon > 0) kill(daemon, SIGKILL);
+    return 1;
+  }
+  Session& s = **session_or;
+  const BlockLayout& L = s.block_layout();
+  const int g = L.tile_tokens;
+  const size_t per_token = L.slots() * L.head_dim;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd;
+  const auto kv = [&](int n) {
+    std::vector<uint16_t> x(static_cast<size_t>(n) * per_token);
+    for (uint16_t& h : x) h = FloatToHalf(nd(rng));
+    return x;
+  };
+
+  std::printf("kvarnd at %s, model 8 layers x 4 kv-heads x 128, %s, host backend\n\n", target.c_str(),
+              s.preset().Name().c_str());
+  std::printf("  %-44s %-22s %-28s %s\n", "measure", "figure", "reference", "target");
+
+  // 1. Latency: the floor, then the control-plane calls.
+  HealthPinger ping(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  for (int i = 0; i < 100; ++i) ping.Ping();
+  std::vector<double> floor_us;
+  for (int i = 0; i < reps; ++i) floor_us.push_back(TimeUs([&] { ping.Ping(); }));
+  const Percentiles floor = Summarize(floor_us);
+  Report("empty unary call (health check)", Fmt("p50 %.1f us", floor.p50), Fmt("p99 %.1f us", floor.p99), "floor");
+
+  std::vector<uint32_t> prompt(256);
+  std::iota(prompt.begin(), prompt.end(), 1u);
+  std::vector<double> create_us, release_us, lookup_us;
+  for (int i = 0; i < reps / 4; ++i) {
+    uint64_t id = 0;
+    create_us.push_back(TimeUs([&] { id = s.CreateSequence(prompt)->id; }));
+    const uint64_t ids[] = {id};
+    release_us.push_back(TimeUs([&] { s.Release(ids).IgnoreError(); }));
+  }
+  for (int i = 0; i < reps; ++i) lookup_us.push_back(TimeUs([&] { s.Lookup(prompt).IgnoreError(); }));
+  const auto verdict = [&](double p50) {
+    return std::string(p50 <= 1.5 * floor.p50 ? "met" : "missed") + Fmt(" (%.2fx floor, target 1.5x)", p50 / floor.p50);
+  };
+  const Percentiles cr = Summarize(create_us), rl = Summarize(release_us), lk = Summarize(lookup_us);
+  Report("CreateSequence (256-token prompt)", Fmt("p50 %.1f us", cr.p50), Fmt("p99 %.1f us", cr.p99), verdict(cr.p50));
+  Report("Lookup (256-token prompt)", Fmt("p50 %.1f us", lk.p50), Fmt("p99 %.1f us", lk.p99), verdict(lk.p50));
+  Report("Release (1 sequence)", Fmt("p50 %.1f us", rl.p50), Fmt("p99 %.1f us", rl.p99), verdict(rl.p50));
+
+  // AppendBatch: 64 sequences, one staged token each per step.
+  std::vector<uint64_t> batch;
+  for (int i = 0; i < 64; ++i) batch.push_back(s.CreateSequence({})->id);
+  const std::vector<uint16_t> one = kv(1);
+  std::vector<double> append_us;
+  const int steps = quick ? 130 : 260;  // crosses a tile boundary: two seals per sequence
+  uint32_t token = 0;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<std::pair<uint64_t, std::vector<uint32_t>>> items;
+    for (uint64_t q : batch) {
+      s.Stage(q, 1, one.data(), one.data(), DType::kF16).IgnoreError();
+      items.push_back({q, {token}});
+    }
+    ++token;
+    append_us.push_back(TimeUs([&] { s.CommitBatch(items); }));
+  }
+  const Percentiles ap = Summarize(append_us);
+  Report("AppendBatch (64 sequences x 1 token)", Fmt("p50 %.1f us", ap.p50), Fmt("p99 %.1f us (seal steps)", ap.p99),
+         verdict(ap.p50));
+  s.Release(batch).IgnoreError();
+
+  // 2. Append throughput: shared memory against inline, decode-style and prefill-style.
+  const auto throughput = [&](bool inline_kv, int chunk, int tokens) {
+    const uint64_t q = s.CreateSequence({})->id;
+    const std::vector<uint16_t> data = kv(chunk);
+    std::vector<uint32_t> ids(chunk);
+    const auto t0 = Clock::now();
+    for (int done = 0; done < tokens; done += chunk) {
+      std::iota(ids.begin(), ids.end(), static_cast<uint32_t>(done));
+      absl::StatusOr<AppendInfo> r = inline_kv ? s.AppendInline(q, ids, data.data(), data.data(), DType::kF16)
+                                               : s.Append(q, ids, data.data(), data.data(), DType::kF16);
+      if (!r.ok()) std::fprintf(stderr, "append: %s\n", r.status().ToString().c_str());
+    }
+    const double secs = Seconds(t0, Clock::now());
+    const uint64_t ids_release[] = {q};
+    s.Release(ids_release).IgnoreError();
+    return tokens / secs;
+  };
+  const int decode_tokens = quick ? 256 : 1024, prefill_tokens = quick ? 1024 : 4096;
+  const double shm1 = throughput(false, 1, decode_tokens), inl1 = throughput(true, 1, decode_tokens);
+  Report("append 1 token/call, shared memory", Fmt("%.0f tokens/s", shm1), Fmt("inline: %.0f tokens/s", inl1),
+         Fmt("%.2fx inline", shm1 / inl1));
+  const double shmg = throughput(false, g, prefill_tokens), inlg = throughput(true, g, prefill_tokens);
+  Report("append 128 tokens/call (seals), shared mem", Fmt("%.0f tokens/s", shmg), Fmt("inline: %.0f tokens/s", inlg),
+         Fmt("%.2fx inline", shmg / inlg));
+
+  // 3. Sealing against the codec's own encode speed (one core, in this process).
+  const double tile_bytes = 2.0 * 2 * g * L.head_dim;  // fp16 K + V of one tile
+  const double seal_gbs = shmg / g * L.slots() * tile_bytes / 1e9;
+  std::vector<uint16_t> tile(static_cast<size_t>(g) * L.head_dim);
+  for (uint16_t& h : tile) h = FloatToHalf(nd(rng));
+  std::vector<uint8_t> record(L.record_bytes);
+  const int encodes = quick ? 200 : 1000;
+  const auto e0 = Clock::now();
+  for (int i = 0; i < encodes; ++i) {
+    Codec::Default().EncodeTile(s.preset(), L.head_dim, {tile.data(), tile.data(), DType::kF16, Frame::kStorage}, record).ok();
+  }
+  const double codec_gbs = encodes * tile_bytes / Seconds(e0, Clock::now()) / 1e9;
+  Report("sealing (prefill appends, fp16 in)", Fmt("%.2f GB/s", seal_gbs), Fmt("codec encode %.2f GB/s/core", codec_gbs),
+         Fmt("%.0f%% of codec", 100 * seal_gbs / codec_gbs));
+
+  // 4. Reads of sealed blocks in place, against memcpy.
+  const uint64_t q = s.CreateSequence({})->id;
+  const int tiles = quick ? 16 : 64;
+  const std::vector<uint16_t> big = kv(g);
+  std::vector<uint32_t> ids(g);
+  for (int t = 0; t < tiles + 1; ++t) s.Append(q, ids, big.data(), big.data(), DType::kF16).IgnoreError();
+  const SequenceTable table = s.Table(q).value();
+  const double copy_gbs = MemcpyGBs(256u << 20);
+  uint64_t sum = 0;
+  double best = 1e30;
+  for (int r = 0; r < 5; ++r) {
+    const auto t0 = Clock::now();
+    for (uint32_t b : table.quant_blocks) {
+      const auto* p = reinterpret_cast<const uint64_t*>(s.QuantBlock(b));
+      for (size_t i = 0; i < L.quant_block_bytes() / 8; ++i) sum += p[i];
+    }
+    best = std::min(best, Seconds(t0, Clock::now()));
+  }
+  const double read_bytes = static_cast<double>(table.quant_blocks.size()) * L.quant_block_bytes();
+  Report("read sealed blocks in place (raw)", Fmt("%.2f GB/s", read_bytes / best / 1e9), Fmt("memcpy %.2f GB/s", copy_gbs),
+         (read_bytes / best / 1e9 >= copy_gbs / 2 ? "met" : "missed") + Fmt(" (>= half: %.0f%%)", 100 * read_bytes / best / 1e9 / copy_gbs));
+  std::vector<float> k(L.tile_elems()), v(L.tile_elems());
+  best = 1e30;
+  for (int r = 0; r < 3; ++r) {
+    const auto t0 = Clock::now();
+    for (uint32_t b : table.quant_blocks) {
+      for (int l = 0; l < L.num_layers; ++l) {
+        for (int h = 0; h < L.num_kv_heads; ++h) s.DequantizeBlock(b, l, h, k.data(), v.data()).IgnoreError();
+      }
+    }
+    best = std::min(best, Seconds(t0, Clock::now()));
+  }
+  Report("dequantize sealed blocks in place", Fmt("%.2f GB/s records", read_bytes / best / 1e9),
+         Fmt("%.2f GB/s fp32 out", table.quant_blocks.size() * L.slots() * 2.0 * L.tile_elems() * 4 / best / 1e9));
+  std::vector<float> qv(16 * L.head_dim, 0.1f), out(16 * L.head_dim);
+  best = 1e30;
+  for (int r = 0; r < 3; ++r) {
+    const auto t0 = Clock::now();
+    for (int l = 0; l < L.num_layers; ++l) s.Attend(q, l, qv.data(), 16, out.data()).IgnoreError();
+    best = std::min(best, Seconds(t0, Clock::now()));
+  }
+  Report("attend in place, 16 q-heads, all layers", Fmt("%.2f GB/s records", (read_bytes + 0.0) / best / 1e9),
+         Fmt("%.0f tokens x layers/ms", (table.tokens * L.num_layers) / (best * 1e3)));
+  if (sum == 42) std::printf(" ");
+
+  session_or->reset();
+  if (daemon > 0) {
+    kill(daemon, SIGTERM);
+    int status = 0;
+    waitpid(daemon, &status, 0);
+  }
+  rmdir(dir.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvarn
+
+int main(int argc, char** argv) { return kvarn::Main(argc, argv); }
