@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/cuda/cuda_codec.h"
+#include "kernels/cuda/device_scope.h"
 #include "kernels/cuda/ipc.h"
 #include "kernels/store_tokens.h"
 
@@ -35,21 +36,15 @@ absl::Status FromCodec(const CodecStatus& s) {
     if (absl::Status s_ = (expr); !s_.ok()) return s_; \
   } while (0)
 
+// The pool's device is current for a scope: kvarn::cuda::DeviceScope, with its error as a
+// status.
 class ScopedDevice {
  public:
-  explicit ScopedDevice(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    status_ = Cuda(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~ScopedDevice() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
-  }
-  ScopedDevice(const ScopedDevice&) = delete;
-  ScopedDevice& operator=(const ScopedDevice&) = delete;
+  explicit ScopedDevice(int device) : scope_(device), status_(Cuda(scope_.error(), "cudaSetDevice")) {}
   const absl::Status& status() const { return status_; }
 
  private:
-  int previous_ = -1;
+  cuda::DeviceScope scope_;
   absl::Status status_;
 };
 

@@ -12,6 +12,7 @@
 #include "daemon/backends/nonfinite_scan.h"
 #include "daemon/core/cpu_sealer.h"
 #include "kernels/cuda/cuda_codec.h"
+#include "kernels/cuda/device_scope.h"
 #include "kernels/fp16.h"
 #include "kernels/store_tokens.h"
 
@@ -24,22 +25,15 @@ absl::Status Cuda(cudaError_t err, const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
 }
 
-// The calling thread's current device is `device` for the scope, then what it was.
+// The pool's device is current for a scope: kvarn::cuda::DeviceScope, with its error as a
+// status.
 class ScopedDevice {
  public:
-  explicit ScopedDevice(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    status_ = Cuda(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~ScopedDevice() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
-  }
-  ScopedDevice(const ScopedDevice&) = delete;
-  ScopedDevice& operator=(const ScopedDevice&) = delete;
+  explicit ScopedDevice(int device) : scope_(device), status_(Cuda(scope_.error(), "cudaSetDevice")) {}
   const absl::Status& status() const { return status_; }
 
  private:
-  int previous_ = -1;
+  cuda::DeviceScope scope_;
   absl::Status status_;
 };
 

@@ -330,7 +330,7 @@ void KvCore::ReleaseSequence(Sequence& q) {
   sequences_.erase(q.id);
 }
 
-absl::StatusOr<CreateResult> KvCore::CreateSequence(SessionRef ref, std::span<const uint32_t> prompt) {
+absl::StatusOr<std::vector<BlockHash>> KvCore::PromptHashes(SessionRef ref, std::span<const uint32_t> prompt) {
   if (prompt.size() > config_.max_prompt_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("prompt of ", prompt.size(), " tokens exceeds the limit ", config_.max_prompt_tokens));
   }
@@ -341,7 +341,13 @@ absl::StatusOr<CreateResult> KvCore::CreateSequence(SessionRef ref, std::span<co
     if (!s.ok()) return s.status();
     ns = tenants_[(*s)->tenant].ns;
   }
-  const std::vector<BlockHash> hashes = PrefixHashes(ns, prompt);  // outside the lock
+  return PrefixHashes(ns, prompt);  // hashing runs outside the lock
+}
+
+absl::StatusOr<CreateResult> KvCore::CreateSequence(SessionRef ref, std::span<const uint32_t> prompt) {
+  auto hashed = PromptHashes(ref, prompt);
+  if (!hashed.ok()) return hashed.status();
+  const std::vector<BlockHash>& hashes = *hashed;
   absl::MutexLock lock(&mu_);
   auto s = FindSession(ref);
   if (!s.ok()) return s.status();
@@ -384,17 +390,9 @@ absl::StatusOr<CreateResult> KvCore::CreateSequence(SessionRef ref, std::span<co
 }
 
 absl::StatusOr<uint64_t> KvCore::Lookup(SessionRef ref, std::span<const uint32_t> prompt) {
-  if (prompt.size() > config_.max_prompt_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt of ", prompt.size(), " tokens exceeds the limit ", config_.max_prompt_tokens));
-  }
-  BlockHash ns;
-  {
-    absl::MutexLock lock(&mu_);
-    auto s = FindSession(ref);
-    if (!s.ok()) return s.status();
-    ns = tenants_[(*s)->tenant].ns;
-  }
-  const std::vector<BlockHash> hashes = PrefixHashes(ns, prompt);
+  auto hashed = PromptHashes(ref, prompt);
+  if (!hashed.ok()) return hashed.status();
+  const std::vector<BlockHash>& hashes = *hashed;
   absl::MutexLock lock(&mu_);
   uint64_t tokens = 0;
   for (size_t i = 0; i < hashes.size(); ++i) {

@@ -157,6 +157,9 @@ class KvCore {
   // Chain hashes of the full tiles of a prompt that may be adopted (at most len - 1 tokens,
   // so the worker still computes the last prompt token).
   std::vector<BlockHash> PrefixHashes(const BlockHash& ns, std::span<const uint32_t> prompt) const;
+  // Checks the prompt's size and the session, then hashes its adoptable tiles.
+  absl::StatusOr<std::vector<BlockHash>> PromptHashes(SessionRef ref, std::span<const uint32_t> prompt)
+      ABSL_LOCKS_EXCLUDED(mu_);
   std::optional<BlockRef> LastBlock(const Sequence& q) const;
 
   // Frees one block of class c by evicting the least recently used cached leaf; false when
