@@ -4,6 +4,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <unistd.h>
+
 #include <cmath>
 #include <string>
 #include <vector>
@@ -27,11 +30,15 @@ using testing::ScratchDir;
 class CodecEvalSynth : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::string(::testing::TempDir() + "/kvarnctl_eval_synth");
+    // CTest runs each test as its own process, in parallel: one directory per process.
+    dir_ = new std::string(::testing::TempDir() + "/kvarnctl_eval_synth." + std::to_string(getpid()));
     std::vector<std::string> files;
     ASSERT_TRUE(WriteSynthetic(*dir_, MakeSynthetic(SynthOptions{}), &files).ok());
   }
-  static void TearDownTestSuite() { delete dir_; }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete dir_;
+  }
   static std::string File(const char* name) { return *dir_ + "/" + name; }
 
   static std::vector<Json> EvalJson(std::vector<std::string> extra) {

@@ -1,6 +1,7 @@
 // The kvarnctl binary end to end: command table, help, exit codes, stdout vs stderr.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <sys/wait.h>
 
 #include <cstdlib>
@@ -36,7 +37,8 @@ std::string Slurp(const std::string& path) {
 // Runs kvarnctl with `args` (shell words, already quoted where needed).
 Process Kvarnctl(const std::string& args) {
   const std::string dir = ::testing::TempDir();
-  const std::string out = dir + "/kvarnctl_cli.out", err = dir + "/kvarnctl_cli.err";
+  const std::string tag = std::to_string(getpid());  // tests run as parallel processes
+  const std::string out = dir + "/kvarnctl_cli." + tag + ".out", err = dir + "/kvarnctl_cli." + tag + ".err";
   const std::string cmd =
       std::string("'") + KVARNCTL_BINARY + "' " + args + " >'" + out + "' 2>'" + err + "'";
   const int status = std::system(cmd.c_str());

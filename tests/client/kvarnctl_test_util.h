@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <unistd.h>
 #include <fstream>
 #include <initializer_list>
 #include <sstream>
@@ -29,7 +30,7 @@ inline std::string ScratchDir() {
     if (c == '/') c = '_';
   }
   const std::filesystem::path dir =
-      std::filesystem::path(::testing::TempDir()) / ("kvarnctl_test_" + name);
+      std::filesystem::path(::testing::TempDir()) / ("kvarnctl_test_" + name + "." + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();
