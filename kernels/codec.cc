@@ -1,8 +1,10 @@
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "kernels/codec.h"
 #include "kernels/codec_internal.h"
+#include "kernels/fp16.h"
 
 namespace kvarn {
 namespace {
@@ -64,6 +66,34 @@ CodecStatus Codec::DecodeTile(const Preset& preset, int head_dim, std::span<cons
                            " has " + std::to_string(want));
   }
   return kernels_->decode(preset, head_dim, record.data(), out);
+}
+
+CodecStatus Codec::DecodeFp16Tile(const Preset& preset, int head_dim, const uint16_t* keys,
+                                  const uint16_t* values, int tokens, const TileOut& out) const {
+  KVARN_RETURN_IF_ERROR(CheckPresetAndDim(preset, head_dim));
+  if (keys == nullptr || values == nullptr || out.keys == nullptr || out.values == nullptr) {
+    return InvalidArgument("no input or output buffers");
+  }
+  if (tokens < 0 || tokens > preset.tile_tokens) {
+    return InvalidArgument("tokens must be in 0.." + std::to_string(preset.tile_tokens));
+  }
+  std::vector<float> row(head_dim);
+  for (int which = 0; which < 2; ++which) {
+    const uint16_t* src = which == 0 ? keys : values;
+    void* dst = which == 0 ? out.keys : out.values;
+    for (size_t t = 0; t < static_cast<size_t>(tokens); ++t) {
+      for (int c = 0; c < head_dim; ++c) row[c] = HalfToFloat(src[t * head_dim + c]);
+      if (preset.rotates() && out.frame == Frame::kOriginal) FwhtInPlace(row.data(), head_dim);
+      for (int c = 0; c < head_dim; ++c) {
+        if (out.dtype == DType::kF32) {
+          static_cast<float*>(dst)[t * head_dim + c] = row[c];
+        } else {
+          static_cast<uint16_t*>(dst)[t * head_dim + c] = FloatToHalf(row[c]);
+        }
+      }
+    }
+  }
+  return {};
 }
 
 CodecStatus Codec::AttendDecode(const Preset& preset, int head_dim, const float* queries,

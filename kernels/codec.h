@@ -85,6 +85,12 @@ class Codec {
   CodecStatus DecodeTile(const Preset& preset, int head_dim, std::span<const uint8_t> record,
                          const TileOut& out) const;
 
+  // Converts an fp16 tile in the preset's storage frame (a sink block's or tail slot's
+  // [G][D] keys and values, e.g. at BlockLayout::Fp16KeysOffset) to the requested frame and
+  // dtype. Only the first `tokens` rows are converted.
+  CodecStatus DecodeFp16Tile(const Preset& preset, int head_dim, const uint16_t* keys,
+                             const uint16_t* values, int tokens, const TileOut& out) const;
+
   // Decode attention of num_queries query heads that share this kv-head (grouped-query
   // attention: each tile is read once for the whole group). queries and out are
   // [num_queries][D] fp32 in the original frame; softmax_scale 0 means 1/sqrt(D).

@@ -122,12 +122,12 @@ absl::Status Session::MapPool() {
     device_ = std::move(*d);
     return absl::OkStatus();
 #else
-    return absl::UnimplementedError("the pool is in GPU memory (kvarnd --backend=cuda) and this client library was "
-                                    "built without CUDA");
+    return absl::FailedPreconditionError("the pool is in GPU memory (kvarnd --backend=cuda) and this client library "
+                                         "was built without CUDA");
 #endif
   }
   if (pool_.backend() != v1::PoolDescription::BACKEND_HOST) {
-    return absl::UnimplementedError("this client maps host (shared-memory) pools only");
+    return absl::InvalidArgumentError(absl::StrCat("unknown pool backend ", static_cast<int>(pool_.backend())));
   }
   if (pool_.quant_segments_size() != 1) return absl::FailedPreconditionError("expected one quantized segment");
   auto q = ShmMapping::Open(pool_.quant_segments(0).name(), pool_.quant_segments(0).bytes(), /*writable=*/false);

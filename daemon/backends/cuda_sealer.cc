@@ -374,7 +374,7 @@ absl::Status CudaSealer::DecodeTile(const uint8_t* block, bool fp16, int layer, 
   absl::StatusOr<LaneLease> lease = Acquire();
   if (!lease.ok()) return lease.status();
   Lane& lane = **lease;
-  const size_t n = layout_.tile_elems(), d = static_cast<size_t>(layout_.head_dim);
+  const size_t n = layout_.tile_elems();
   if (!fp16) {
     if (absl::Status s = DecodeRecord(lane, block, layer, head, Frame::kOriginal); !s.ok()) return s;
     if (absl::Status s = lane.HostScratch(2 * n * sizeof(float)); !s.ok()) return s;
@@ -402,18 +402,8 @@ absl::Status CudaSealer::DecodeTile(const uint8_t* block, bool fp16, int layer, 
   }
   if (absl::Status s = lane.Sync(); !s.ok()) return s;
   const auto* k = reinterpret_cast<const uint16_t*>(lane.h_scratch);
-  const auto* v = k + n;
-  for (size_t i = 0; i < n; ++i) {
-    keys[i] = HalfToFloat(k[i]);
-    values[i] = HalfToFloat(v[i]);
-  }
-  if (preset_.rotates()) {
-    for (size_t t = 0; t < n / d; ++t) {
-      FwhtInPlace(keys + t * d, static_cast<int>(d));
-      FwhtInPlace(values + t * d, static_cast<int>(d));
-    }
-  }
-  return absl::OkStatus();
+  return FromCodec(Codec::Default().DecodeFp16Tile(preset_, layout_.head_dim, k, k + n, layout_.tile_tokens,
+                                                   {keys, values, DType::kF32, Frame::kOriginal}));
 }
 
 double CudaSealer::SampleError(const uint8_t* slot, const uint8_t* block, int layer, int head) {

@@ -133,25 +133,15 @@ absl::Status CpuSealer::WriteTokens(uint8_t* slot, int first, int n, const void*
 
 absl::Status CpuSealer::DecodeTile(const uint8_t* block, bool fp16, int layer, int head,
                                    float* keys, float* values) {
-  const size_t d = static_cast<size_t>(layout_.head_dim), n = layout_.tile_elems();
   if (!fp16) {
     return FromCodec(Codec::Default().DecodeTile(
         preset_, layout_.head_dim, {block + layout_.RecordOffset(layer, head), layout_.record_bytes},
         {keys, values, DType::kF32, Frame::kOriginal}));
   }
-  const auto* k = reinterpret_cast<const uint16_t*>(block + layout_.Fp16KeysOffset(layer, head));
-  const auto* v = reinterpret_cast<const uint16_t*>(block + layout_.Fp16ValuesOffset(layer, head));
-  for (size_t i = 0; i < n; ++i) {
-    keys[i] = HalfToFloat(k[i]);
-    values[i] = HalfToFloat(v[i]);
-  }
-  if (preset_.rotates()) {
-    for (size_t t = 0; t < n / d; ++t) {
-      FwhtInPlace(keys + t * d, static_cast<int>(d));
-      FwhtInPlace(values + t * d, static_cast<int>(d));
-    }
-  }
-  return absl::OkStatus();
+  return FromCodec(Codec::Default().DecodeFp16Tile(
+      preset_, layout_.head_dim, reinterpret_cast<const uint16_t*>(block + layout_.Fp16KeysOffset(layer, head)),
+      reinterpret_cast<const uint16_t*>(block + layout_.Fp16ValuesOffset(layer, head)), layout_.tile_tokens,
+      {keys, values, DType::kF32, Frame::kOriginal}));
 }
 
 double CpuSealer::SampleError(const uint8_t* slot, const uint8_t* block, int layer, int head) {
