@@ -106,38 +106,29 @@ std::string SanitizeUtf8(absl::string_view text) {
   return out;
 }
 
-void AppendEscapedHelp(absl::string_view help, std::string* out) {
-  for (const char c : help) {
-    switch (c) {
-      case '\\':
-        out->append("\\\\");
-        break;
-      case '\n':
-        out->append("\\n");
-        break;
-      default:
-        out->push_back(c);
+namespace {
+
+// Backslash and newline are escaped in both HELP text and label values; double quotes only in
+// label values (text format 0.0.4).
+void AppendEscaped(absl::string_view text, bool quotes, std::string* out) {
+  for (const char c : text) {
+    if (c == '\\') {
+      out->append("\\\\");
+    } else if (c == '\n') {
+      out->append("\\n");
+    } else if (c == '"' && quotes) {
+      out->append("\\\"");
+    } else {
+      out->push_back(c);
     }
   }
 }
 
-void AppendEscapedLabelValue(absl::string_view value, std::string* out) {
-  for (const char c : value) {
-    switch (c) {
-      case '\\':
-        out->append("\\\\");
-        break;
-      case '\n':
-        out->append("\\n");
-        break;
-      case '"':
-        out->append("\\\"");
-        break;
-      default:
-        out->push_back(c);
-    }
-  }
-}
+}  // namespace
+
+void AppendEscapedHelp(absl::string_view help, std::string* out) { AppendEscaped(help, false, out); }
+
+void AppendEscapedLabelValue(absl::string_view value, std::string* out) { AppendEscaped(value, true, out); }
 
 namespace {
 

@@ -11,7 +11,22 @@ bool IsDType(DType t) { return t == DType::kF32 || t == DType::kF16; }
 
 // The kernels access elements at their natural alignment and records with 16-byte vectors.
 bool Aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
 size_t ElemBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+// The checks every block kernel makes of its element buffers and its pool block: all present,
+// a known dtype, elements aligned to their size, the block to 16 bytes. `what` names them.
+CodecStatus CheckBuffers(const void* keys, const void* values, DType dtype, const void* block,
+                         const char* what) {
+  if (keys == nullptr || values == nullptr || block == nullptr) {
+    return InvalidArgument(std::string(what) + " needs keys, values and a block");
+  }
+  if (!IsDType(dtype)) return InvalidArgument("unknown dtype");
+  if (!Aligned(keys, ElemBytes(dtype)) || !Aligned(values, ElemBytes(dtype)) || !Aligned(block, 16)) {
+    return InvalidArgument(std::string("misaligned ") + what + " buffers (blocks need 16-byte alignment)");
+  }
+  return {};
+}
 
 int HeadChunkFor(int group) {
   int hc = 1;
@@ -45,14 +60,7 @@ CodecStatus BuildEncode(const Preset& preset, const BlockLayout& layout, const T
                         uint8_t* quant_block, int32_t* status, int iterations,
                         const DeviceLimits& limits, EncodeLaunch* out) {
   KVARN_RETURN_IF_ERROR(CheckLayout(preset, layout));
-  if (in.keys == nullptr || in.values == nullptr || quant_block == nullptr) {
-    return InvalidArgument("encode needs keys, values and an output block");
-  }
-  if (!IsDType(in.dtype)) return InvalidArgument("unknown dtype");
-  if (!Aligned(in.keys, ElemBytes(in.dtype)) || !Aligned(in.values, ElemBytes(in.dtype)) ||
-      !Aligned(quant_block, 16)) {
-    return InvalidArgument("misaligned tiles or block (blocks need 16-byte alignment)");
-  }
+  KVARN_RETURN_IF_ERROR(CheckBuffers(in.keys, in.values, in.dtype, quant_block, "encode"));
   const size_t n = layout.tile_elems();
   if (in.slot_stride < n) return InvalidArgument("slot_stride is smaller than one tile");
   if (iterations < 0 || iterations > EncodeOptions::kMaxIterations) {
@@ -98,14 +106,7 @@ CodecStatus BuildEncode(const Preset& preset, const BlockLayout& layout, const T
 CodecStatus BuildDecode(const Preset& preset, const BlockLayout& layout, const uint8_t* quant_block,
                         const TileSink& out_tiles, int32_t* status, DecodeLaunch* out) {
   KVARN_RETURN_IF_ERROR(CheckLayout(preset, layout));
-  if (quant_block == nullptr || out_tiles.keys == nullptr || out_tiles.values == nullptr) {
-    return InvalidArgument("decode needs a block and output buffers");
-  }
-  if (!IsDType(out_tiles.dtype)) return InvalidArgument("unknown dtype");
-  if (!Aligned(out_tiles.keys, ElemBytes(out_tiles.dtype)) ||
-      !Aligned(out_tiles.values, ElemBytes(out_tiles.dtype)) || !Aligned(quant_block, 16)) {
-    return InvalidArgument("misaligned tiles or block (blocks need 16-byte alignment)");
-  }
+  KVARN_RETURN_IF_ERROR(CheckBuffers(out_tiles.keys, out_tiles.values, out_tiles.dtype, quant_block, "decode"));
   if (out_tiles.slot_stride < layout.tile_elems())
     return InvalidArgument("slot_stride is smaller than one tile");
   DecodeParams& p = out->params;
@@ -136,14 +137,7 @@ CodecStatus BuildStore(const Preset& preset, const BlockLayout& layout, const To
                        int num_tokens, int layer, int token_offset, uint16_t* fp16_block,
                        int32_t* status, StoreLaunch* out) {
   KVARN_RETURN_IF_ERROR(CheckLayout(preset, layout));
-  if (in.keys == nullptr || in.values == nullptr || fp16_block == nullptr) {
-    return InvalidArgument("store needs keys, values and a block");
-  }
-  if (!IsDType(in.dtype)) return InvalidArgument("unknown dtype");
-  if (!Aligned(in.keys, ElemBytes(in.dtype)) || !Aligned(in.values, ElemBytes(in.dtype)) ||
-      !Aligned(fp16_block, 16)) {
-    return InvalidArgument("misaligned tokens or block (blocks need 16-byte alignment)");
-  }
+  KVARN_RETURN_IF_ERROR(CheckBuffers(in.keys, in.values, in.dtype, fp16_block, "store"));
   if (layer < kAllLayers || layer >= layout.num_layers)
     return InvalidArgument("layer out of range");
   if (num_tokens < 1 || token_offset < 0 || token_offset + num_tokens > layout.tile_tokens) {

@@ -1,5 +1,7 @@
 #include "tests/bench/bench_data.h"
 
+#include "client/kvarnctl/rng.h"
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -11,28 +13,8 @@
 namespace kvarn::bench {
 namespace {
 
-// splitmix64: fast, deterministic, good enough for benchmark data.
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : state_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  // Approximately standard normal: the sum of four 16-bit uniforms (Irwin-Hall), rescaled.
-  float Normal() {
-    const uint64_t r = Next();
-    float sum = 0.0f;
-    for (int i = 0; i < 4; ++i)
-      sum += static_cast<float>((r >> (16 * i)) & 0xFFFF) * (1.0f / 65536.0f);
-    return (sum - 2.0f) * 1.7320508f;  // variance 4/12 -> 1
-  }
-
- private:
-  uint64_t state_;
-};
+// kvarnctl's splitmix64 generator (header-only): deterministic benchmark data.
+using Rng = ctl::Rng;
 
 // tokens x D values in the original frame, widened from fp16 so that every consumer sees
 // the same numbers. Keys get a few wide channels.
@@ -40,7 +22,7 @@ void Synthetic(size_t tokens, int d, bool keys, Rng& rng, float* out) {
   for (size_t t = 0; t < tokens; ++t) {
     for (int c = 0; c < d; ++c) {
       const float spread = keys && (c % 16 == 5) ? 6.0f : 1.0f;
-      out[t * d + c] = RoundToHalf(spread * rng.Normal());
+      out[t * d + c] = RoundToHalf(spread * static_cast<float>(rng.Normal()));
     }
   }
 }
