@@ -4,6 +4,7 @@
 #ifndef KVARN_KERNELS_STATUS_H_
 #define KVARN_KERNELS_STATUS_H_
 
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -36,6 +37,27 @@ class [[nodiscard]] CodecStatus {
 inline CodecStatus InvalidArgument(std::string message) {
   return CodecStatus(CodecCode::kInvalidArgument, std::move(message));
 }
+
+// A value or the reason there is none (the kernels' StatusOr: they carry no Abseil).
+template <typename T>
+class [[nodiscard]] Expected {
+ public:
+  Expected(T value) : value_(std::move(value)) {}  // NOLINT: implicit like StatusOr
+  // REQUIRES: !status.ok().
+  Expected(CodecStatus status) : status_(std::move(status)) {}  // NOLINT
+  bool ok() const { return value_.has_value(); }
+  const CodecStatus& status() const { return status_; }
+  // REQUIRES: ok().
+  T& value() & { return *value_; }
+  T&& value() && { return std::move(*value_); }
+  T& operator*() & { return *value_; }
+  T* operator->() { return &*value_; }
+  const T* operator->() const { return &*value_; }
+
+ private:
+  CodecStatus status_;
+  std::optional<T> value_;
+};
 
 }  // namespace kvarn
 

@@ -6,8 +6,11 @@
 #include <chrono>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/lib/cuda_pool.h"
+#include "client/lib/descriptor_client.h"
+#include "common/codec_status.h"
 
 namespace kvarn {
 namespace {
@@ -36,8 +39,9 @@ absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(s.error_code())), s.error_message());
 }
 
-Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
-    : channel_(std::move(channel)), stub_(v1::KvCache::NewStub(channel_)), options_(options) {}
+Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options, std::string socket_path)
+    : channel_(std::move(channel)), stub_(v1::KvCache::NewStub(channel_)), options_(std::move(options)),
+      socket_path_(std::move(socket_path)) {}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& target, ClientOptions options,
                                                         absl::Duration connect_timeout) {
@@ -48,11 +52,28 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
-  if (!channel->WaitForConnected(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(connect_timeout))) {
-    return absl::UnavailableError(absl::StrCat("kvarnd is not reachable at ", target));
+  // "unix:/path" and "unix:///path" name a local daemon; its descriptor channel is beside it.
+  std::string socket_path;
+  if (absl::StartsWith(target, "unix://")) {
+    socket_path = target.substr(7);
+  } else if (absl::StartsWith(target, "unix:")) {
+    socket_path = target.substr(5);
   }
-  return std::unique_ptr<Client>(new Client(std::move(channel), options));
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (options.tls) {
+    if (!socket_path.empty()) return absl::InvalidArgumentError("TLS is for TCP targets; a Unix socket is local");
+    grpc::SslCredentialsOptions tls;
+    tls.pem_root_certs = options.tls_root_certs;
+    tls.pem_cert_chain = options.tls_cert_chain;
+    tls.pem_private_key = options.tls_private_key;
+    creds = grpc::SslCredentials(tls);
+    if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  }
+  auto channel = grpc::CreateCustomChannel(target, creds, args);
+  if (!channel->WaitForConnected(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(connect_timeout))) {
+    return absl::UnavailableError(absl::StrCat("kvarnd is not reachable at ", target, options.tls ? " (over TLS)" : ""));
+  }
+  return std::unique_ptr<Client>(new Client(std::move(channel), options, std::move(socket_path)));
 }
 
 absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOptions& o) {
@@ -62,6 +83,7 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
   }
   v1::OpenSessionRequest req;
   req.set_tenant(o.tenant);
+  req.set_tenant_token(o.tenant_token);
   v1::ModelLayout* l = req.mutable_layout();
   l->set_model_id(o.layout.model_id);
   l->set_num_layers(o.layout.num_layers);
@@ -72,7 +94,7 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
   req.set_max_sequences(o.max_sequences);
   req.set_admin_token(o.admin_token);
   req.set_client_name(o.client_name);
-  req.set_client_pid(static_cast<int32_t>(getpid()));
+  req.set_client_pid(static_cast<int32_t>(getpid()));  // for the daemon's logs
   req.set_observer(o.observer);
   v1::OpenSessionResponse resp;
   grpc::ClientContext ctx;
@@ -105,7 +127,8 @@ Layout Client::LayoutOf(const v1::DescribeResponse& d) {
 }
 
 Session::Session(Client* client, const v1::OpenSessionResponse& open, const Preset& preset)
-    : client_(client), id_(open.session_id()), epoch_(open.pool().epoch()), pool_(open.pool()), preset_(preset),
+    : client_(client), id_(open.session_id()), epoch_(open.pool().epoch()), secret_(open.session_secret()),
+      pool_(open.pool()), preset_(preset),
       keepalive_interval_(absl::Milliseconds(open.keepalive_interval_ms())) {
   layout_.num_layers = static_cast<int>(pool_.layout().num_layers());
   layout_.num_kv_heads = static_cast<int>(pool_.layout().num_kv_heads());
@@ -115,34 +138,78 @@ Session::Session(Client* client, const v1::OpenSessionResponse& open, const Pres
 }
 
 absl::Status Session::MapPool() {
+  if (pool_.backend() != v1::PoolDescription::BACKEND_HOST && pool_.backend() != v1::PoolDescription::BACKEND_CUDA) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown pool backend ", static_cast<int>(pool_.backend())));
+  }
+  // A remote client (TCP) has no shared memory; nor does one that asked for none.
+  if (client_->socket_path().empty() || !client_->options().map_pool) return absl::OkStatus();
+  if (pool_.quant_segments_size() != 1) return absl::FailedPreconditionError("expected one quantized segment");
+  auto lent = FetchSessionMemory(client_->socket_path() + ".fd", Ref());
+  if (!lent.ok()) return lent.status();
+  const v1::DescriptorReply::Entry* quant = nullptr;
+  const v1::DescriptorReply::Entry* sink = nullptr;
+  const v1::DescriptorReply::Entry* tail = nullptr;
+  UniqueFd quant_fd, sink_fd, tail_fd;
+  for (LentSegments::Segment& seg : lent->segments) {
+    switch (seg.entry.kind()) {
+      case v1::DescriptorReply::Entry::KIND_QUANT: quant = &seg.entry; quant_fd = std::move(seg.fd); break;
+      case v1::DescriptorReply::Entry::KIND_SINK: sink = &seg.entry; sink_fd = std::move(seg.fd); break;
+      case v1::DescriptorReply::Entry::KIND_TAIL: tail = &seg.entry; tail_fd = std::move(seg.fd); break;
+      default: return absl::InternalError("kvarnd lent a segment of unknown kind");
+    }
+  }
+  if (quant == nullptr || (pool_.sink_segments_size() == 1) != (sink != nullptr) || (pool_.tail_slots() > 0) != (tail != nullptr)) {
+    return absl::InternalError("kvarnd's descriptor reply does not match the pool it described");
+  }
   if (pool_.backend() == v1::PoolDescription::BACKEND_CUDA) {
 #if KVARN_CLIENT_CUDA
+    // The IPC handles came on the authenticated channel; the device pool reads them from the
+    // description.
+    const auto fill = [](const v1::DescriptorReply::Entry* e, v1::Segment* seg) {
+      seg->set_cuda_ipc_handle(e->cuda_ipc_handle());
+      seg->set_cuda_device(e->cuda_device());
+      seg->set_device_pointer(e->device_pointer());
+    };
+    fill(quant, pool_.mutable_quant_segments(0));
+    if (sink != nullptr) fill(sink, pool_.mutable_sink_segments(0));
+    if (tail != nullptr) fill(tail, pool_.mutable_tail_segment());
     auto d = OpenDevicePool(pool_, preset_, layout_);
     if (!d.ok()) return d.status();
     device_ = std::move(*d);
+    mapped_ = true;
     return absl::OkStatus();
 #else
     return absl::FailedPreconditionError("the pool is in GPU memory (kvarnd --backend=cuda) and this client library "
                                          "was built without CUDA");
 #endif
   }
-  if (pool_.backend() != v1::PoolDescription::BACKEND_HOST) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown pool backend ", static_cast<int>(pool_.backend())));
-  }
-  if (pool_.quant_segments_size() != 1) return absl::FailedPreconditionError("expected one quantized segment");
-  auto q = ShmMapping::Open(pool_.quant_segments(0).name(), pool_.quant_segments(0).bytes(), /*writable=*/false);
+  auto q = FdMapping::Map(std::move(quant_fd), pool_.quant_segments(0).bytes(), /*writable=*/false);
   if (!q.ok()) return q.status();
   quant_ = std::move(*q);
-  if (pool_.sink_segments_size() == 1) {
-    auto s = ShmMapping::Open(pool_.sink_segments(0).name(), pool_.sink_segments(0).bytes(), false);
-    if (!s.ok()) return s.status();
-    sink_ = std::move(*s);
+  if (sink != nullptr) {
+    auto m = FdMapping::Map(std::move(sink_fd), pool_.sink_segments(0).bytes(), false);
+    if (!m.ok()) return m.status();
+    sink_ = std::move(*m);
   }
-  if (pool_.tail_slots() == 0) return absl::OkStatus();  // an observer session
-  auto t = ShmMapping::Open(pool_.tail_segment().name(), pool_.tail_segment().bytes(), /*writable=*/true);
-  if (!t.ok()) return t.status();
-  tail_ = std::move(*t);
+  if (tail != nullptr) {
+    auto t = FdMapping::Map(std::move(tail_fd), pool_.tail_segment().bytes(), /*writable=*/true);
+    if (!t.ok()) return t.status();
+    tail_ = std::move(*t);
+  }
+  mapped_ = true;
   return absl::OkStatus();
+}
+
+absl::StatusOr<Session::MemoryUse> Session::Resident() const {
+  if (absl::Status m = CheckMapped(); !m.ok()) return m;
+  if (device_ != nullptr) return absl::FailedPreconditionError("device memory has no page accounting");
+  return MemoryUse{quant_.AllocatedBytes(), sink_.AllocatedBytes(), tail_.AllocatedBytes()};
+}
+
+absl::Status Session::CheckMapped() const {
+  if (mapped_) return absl::OkStatus();
+  return absl::FailedPreconditionError("this session has no shared memory (a TCP client, or map_pool=false): use "
+                                       "AppendInline and Read");
 }
 
 Session::~Session() {
@@ -198,6 +265,7 @@ v1::SessionRef Session::Ref() const {
   v1::SessionRef r;
   r.set_session_id(id_);
   r.set_epoch(epoch_);
+  r.set_secret(secret_);
   return r;
 }
 
@@ -250,6 +318,7 @@ absl::StatusOr<uint64_t> Session::Lookup(std::span<const uint32_t> prompt) {
 }
 
 absl::Status Session::Stage(uint64_t seq, int n, const void* keys, const void* values, DType dtype) {
+  if (absl::Status m = CheckMapped(); !m.ok()) return m;
   uint8_t* slot;
   int first;
   {
@@ -286,6 +355,7 @@ absl::Status Session::StageDevice(uint64_t seq, int n, const void* keys, const v
 }
 
 absl::Status Session::MarkStaged(uint64_t seq, int n) {
+  if (absl::Status m = CheckMapped(); !m.ok()) return m;
   absl::MutexLock lock(&mu_);
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
@@ -331,29 +401,44 @@ absl::StatusOr<AppendInfo> Session::Append(uint64_t seq, std::span<const uint32_
   return Commit(seq, ids);
 }
 
-std::vector<absl::StatusOr<AppendInfo>> Session::CommitBatch(
+absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> Session::CommitBatch(
     const std::vector<std::pair<uint64_t, std::vector<uint32_t>>>& items) {
+  std::vector<absl::StatusOr<AppendInfo>> out(items.size(), absl::UnknownError("not sent"));
+  std::vector<size_t> sent;  // items in the request, by their index in `items`
   v1::AppendBatchRequest req;
   *req.mutable_session() = Ref();
-  for (const auto& [seq, ids] : items) {
-    v1::AppendRequest* item = req.add_items();
-    item->set_sequence_id(seq);
-    SetIds(std::span<const uint32_t>(ids), item->mutable_token_ids());
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < items.size(); ++i) {
+      const auto& [seq, ids] = items[i];
+      auto it = seqs_.find(seq);
+      if (it == seqs_.end()) {
+        out[i] = absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
+        continue;
+      }
+      if (static_cast<int>(ids.size()) != it->second.staged) {
+        out[i] = absl::InvalidArgumentError(absl::StrCat(ids.size(), " token ids for ", it->second.staged, " staged tokens"));
+        continue;
+      }
+      v1::AppendRequest* item = req.add_items();
+      item->set_sequence_id(seq);
+      SetIds(std::span<const uint32_t>(ids), item->mutable_token_ids());
+      sent.push_back(i);
+    }
   }
+  if (sent.empty()) return out;
   v1::AppendBatchResponse resp;
   grpc::ClientContext ctx;
-  std::vector<absl::StatusOr<AppendInfo>> out;
-  if (absl::Status s = Check(client_->stub().AppendBatch(Prepare(&ctx), req, &resp)); !s.ok()) {
-    out.assign(items.size(), s);
-    return out;
-  }
-  for (int i = 0; i < resp.items_size(); ++i) {
-    const auto& it = resp.items(i);
+  if (absl::Status s = Check(client_->stub().AppendBatch(Prepare(&ctx), req, &resp)); !s.ok()) return s;
+  if (resp.items_size() != static_cast<int>(sent.size())) return absl::InternalError("kvarnd answered a different number of items");
+  for (int k = 0; k < resp.items_size(); ++k) {
+    const auto& it = resp.items(k);
+    const size_t i = sent[static_cast<size_t>(k)];
     if (it.code() != 0) {
-      out.push_back(absl::Status(static_cast<absl::StatusCode>(it.code()), it.message()));
+      out[i] = absl::Status(static_cast<absl::StatusCode>(it.code()), it.message());
       continue;
     }
-    out.push_back(AppendInfo{Remember(items[i].first, it.result().table()), it.result().sealed()});
+    out[i] = AppendInfo{Remember(items[i].first, it.result().table()), it.result().sealed()};
   }
   return out;
 }
@@ -452,6 +537,7 @@ absl::Status Session::AttendDevice(uint64_t seq, int layer, const float* queries
 }
 
 absl::Status Session::Attend(uint64_t seq, int layer, const float* queries, int num_q_heads, float* out) const {
+  if (absl::Status m = CheckMapped(); !m.ok()) return m;
   const int heads = layout_.num_kv_heads;
   auto table = CheckedTable(seq, layer, num_q_heads);
   if (!table.ok()) return table.status();
@@ -474,12 +560,13 @@ absl::Status Session::Attend(uint64_t seq, int layer, const float* queries, int 
                  static_cast<int>(table->tail_tokens)};
     const CodecStatus s = Codec::Default().AttendDecode(preset_, layout_.head_dim, queries + h * group * d, group, view,
                                                         out + h * group * d);
-    if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(s.code())), s.message());
+    if (!s.ok()) return FromCodec(s);
   }
   return absl::OkStatus();
 }
 
 absl::Status Session::DequantizeBlock(uint32_t block, int layer, int head, float* keys, float* values) const {
+  if (absl::Status m = CheckMapped(); !m.ok()) return m;
   if (block >= pool_.quant_segments(0).blocks() || layer < 0 || layer >= layout_.num_layers || head < 0 ||
       head >= layout_.num_kv_heads) {
     return absl::InvalidArgumentError("block, layer or head out of range");
@@ -488,7 +575,7 @@ absl::Status Session::DequantizeBlock(uint32_t block, int layer, int head, float
   const CodecStatus s = Codec::Default().DecodeTile(preset_, layout_.head_dim,
                                                     {QuantBlock(block) + layout_.RecordOffset(layer, head), layout_.record_bytes},
                                                     {keys, values, DType::kF32, Frame::kOriginal});
-  if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(s.code())), s.message());
+  if (!s.ok()) return FromCodec(s);
   return absl::OkStatus();
 }
 

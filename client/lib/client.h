@@ -6,10 +6,17 @@
 //   (*session)->Append(seq->id, ids, keys, values, DType::kF16);  // writes the tail in place, commits
 //   (*session)->Attend(seq->id, layer, queries, num_q_heads, out); // reads shared memory, no RPC
 //
-// A Session maps the pool once (quantized and sink blocks read-only, its own tail slots
+// A Session holds the session's credential (a secret the daemon issued; every call presents
+// it), maps the pool once (quantized and sink blocks read-only, its own tail slots
 // writable) and holds the lease: a background thread streams keep-alives; destroying the
 // Session closes it and unmaps everything. Blocks a sequence references never change and
 // are never evicted, so reads in place need no locking.
+//
+// The memory comes by descriptor, not by name: over a Unix socket target the Session asks
+// the daemon's descriptor channel (the socket's path plus ".fd") for its segments, which the
+// daemon lends to this process only. Over TCP (a remote client) there is no shared memory:
+// Stage, Attend and the block pointers fail with FAILED_PRECONDITION, and AppendInline and
+// Read carry the K/V in the messages.
 //
 // Thread safety: Client and Session methods may be called from any thread; calls on the
 // same sequence are serialized by the caller (the daemon rejects a concurrent append with
@@ -42,7 +49,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "client/lib/shm_mapping.h"
+#include "common/shared_memory.h"
 #include "kernels/block_layout.h"
 #include "kernels/codec.h"
 #include "kvarn/v1/kvarn.grpc.pb.h"
@@ -67,6 +74,7 @@ struct Layout {
 
 struct SessionOptions {
   std::string tenant;
+  std::string tenant_token;  // when the daemon authenticates tenants (Describe says so)
   Layout layout;
   uint32_t max_sequences = 0;  // tail slots; 0 = the daemon's default
   std::string admin_token;
@@ -76,6 +84,14 @@ struct SessionOptions {
 
 struct ClientOptions {
   absl::Duration rpc_timeout = absl::Seconds(30);  // deadline of every unary call
+  // TLS for TCP targets (kvarnd's tls_cert): PEM contents. root_certs verifies the daemon
+  // (empty: the system's roots); cert_chain and private_key identify this client when the
+  // daemon requires mutual TLS; server_name overrides the name checked in its certificate.
+  bool tls = false;
+  std::string tls_root_certs, tls_cert_chain, tls_private_key, tls_server_name;
+  // Map the pool (Unix socket targets only). False: a session without shared memory, as a
+  // remote client has.
+  bool map_pool = true;
 };
 
 // A sequence's blocks as the client last saw them.
@@ -116,12 +132,15 @@ class Client {
 
   v1::KvCache::Stub& stub() { return *stub_; }
   const ClientOptions& options() const { return options_; }
+  // The daemon's Unix socket path, or empty for a TCP target.
+  const std::string& socket_path() const { return socket_path_; }
 
  private:
-  Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
+  Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options, std::string socket_path);
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::KvCache::Stub> stub_;
   ClientOptions options_;
+  std::string socket_path_;
 };
 
 class Session {
@@ -137,6 +156,8 @@ class Session {
   const v1::PoolDescription& pool() const { return pool_; }
   // False once the daemon ended the lease or restarted; every call then fails.
   bool alive() const { return alive_.load(); }
+  // Whether the pool is mapped into this process (Unix socket targets).
+  bool mapped() const { return mapped_; }
 
   absl::StatusOr<SequenceInfo> CreateSequence(std::span<const uint32_t> prompt);
   absl::StatusOr<uint64_t> Lookup(std::span<const uint32_t> prompt);
@@ -163,8 +184,12 @@ class Session {
   // Stage + Commit.
   absl::StatusOr<AppendInfo> Append(uint64_t seq, std::span<const uint32_t> ids, const void* keys,
                                     const void* values, DType dtype);
-  // Commits staged tokens of many sequences in one call; one status per item.
-  std::vector<absl::StatusOr<AppendInfo>> CommitBatch(const std::vector<std::pair<uint64_t, std::vector<uint32_t>>>& items);
+  // Commits staged tokens of many sequences in one call. The outer status is the call's
+  // (the session's errors: NOT_FOUND, stale epoch, draining); then one status per item,
+  // INVALID_ARGUMENT for an item whose ids do not match its staged count (checked before
+  // the call, as Commit does; such an item is not sent).
+  absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitBatch(
+      const std::vector<std::pair<uint64_t, std::vector<uint32_t>>>& items);
   // The K/V travel in the request instead of shared memory.
   absl::StatusOr<AppendInfo> AppendInline(uint64_t seq, std::span<const uint32_t> ids, const void* keys,
                                           const void* values, DType dtype);
@@ -193,6 +218,13 @@ class Session {
   const uint8_t* SinkBlock(uint32_t block) const;
   // Whether the pool is in GPU memory (BACKEND_CUDA).
   bool on_device() const { return device_ != nullptr; }
+  // Memory allocated behind the segments this session was lent, as the kernel counts it
+  // (whoever touched the pages): the shared quantized and sink segments and its own tail.
+  // Host pools only.
+  struct MemoryUse {
+    uint64_t quant = 0, sink = 0, tail = 0;
+  };
+  absl::StatusOr<MemoryUse> Resident() const;
 
   // RPC wrappers.
   absl::Status Read(uint64_t seq, uint32_t layer, uint64_t start, uint32_t count, std::vector<float>* keys,
@@ -213,6 +245,8 @@ class Session {
   };
   Session(Client* client, const v1::OpenSessionResponse& open, const Preset& preset);
   absl::Status MapPool();
+  // FAILED_PRECONDITION unless the pool is mapped (a remote session has none).
+  absl::Status CheckMapped() const;
   void KeepAliveLoop();
   // Records the daemon's table (merging one with omitted blocks) and returns the full table.
   SequenceTable Remember(uint64_t seq, const v1::BlockTable& table) ABSL_LOCKS_EXCLUDED(mu_);
@@ -228,12 +262,14 @@ class Session {
   Client* client_;
   uint64_t id_;
   uint64_t epoch_;
+  std::string secret_;
   v1::PoolDescription pool_;
   Preset preset_;
   BlockLayout layout_;
   absl::Duration keepalive_interval_;
-  ShmMapping quant_, sink_, tail_;
-  std::unique_ptr<DevicePool> device_;  // CUDA pools: the mapped slabs (the ShmMappings are empty)
+  FdMapping quant_, sink_, tail_;
+  std::unique_ptr<DevicePool> device_;  // CUDA pools: the mapped slabs (the FdMappings are empty)
+  bool mapped_ = false;
   std::atomic<bool> alive_{true};
   std::atomic<bool> stop_{false};
   std::unique_ptr<grpc::ClientContext> keepalive_ctx_;

@@ -13,40 +13,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/cuda/cuda_codec.h"
+#include "common/cuda_status.h"
 #include "kernels/cuda/device_scope.h"
-#include "kernels/cuda/ipc.h"
+#include "common/cuda_ipc.h"
 #include "kernels/store_tokens.h"
 
 namespace kvarn {
 namespace {
 
-absl::Status Cuda(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  cudaGetLastError();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
-}
-
-absl::Status FromCodec(const CodecStatus& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(s.code())), s.message());
-}
-
 #define KVARN_CLIENT_RETURN_IF_ERROR(expr)      \
   do {                                          \
     if (absl::Status s_ = (expr); !s_.ok()) return s_; \
   } while (0)
-
-// The pool's device is current for a scope: kvarn::cuda::DeviceScope, with its error as a
-// status.
-class ScopedDevice {
- public:
-  explicit ScopedDevice(int device) : scope_(device), status_(Cuda(scope_.error(), "cudaSetDevice")) {}
-  const absl::Status& status() const { return status_; }
-
- private:
-  cuda::DeviceScope scope_;
-  absl::Status status_;
-};
 
 size_t Align(size_t n) { return (n + 255) / 256 * 256; }
 
@@ -84,7 +62,7 @@ class CudaDevicePool final : public DevicePool {
   absl::Status Dequantize(uint32_t block, int layer, int head, float* keys, float* values) override;
   absl::Status WaitForEvent(CUevent_st* event) override {
     ScopedDevice scope(device_);
-    return Cuda(cudaEventSynchronize(event), "waiting for the worker's event");
+    return CudaStatus(cudaEventSynchronize(event), "waiting for the worker's event");
   }
 
  private:
@@ -124,7 +102,7 @@ class CudaDevicePool final : public DevicePool {
       s->data = nullptr;
       s->bytes = 0;
       void* p = nullptr;
-      KVARN_CLIENT_RETURN_IF_ERROR(Cuda(cudaMalloc(&p, bytes), "client scratch"));
+      KVARN_CLIENT_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, bytes), "client scratch"));
       s->data = static_cast<uint8_t*>(p);
       s->bytes = bytes;
     }
@@ -190,9 +168,9 @@ absl::Status CudaDevicePool::Map(const v1::PoolDescription& pool) {
       if (*w.ptr == nullptr) return absl::InvalidArgumentError(absl::StrCat("the ", w.what, " segment has no pointer"));
       continue;
     }
-    cuda::Expected<cuda::IpcHandle> h = cuda::IpcHandle::FromBytes(w.segment->cuda_ipc_handle());
+    Expected<cuda::IpcHandle> h = cuda::IpcHandle::FromBytes(w.segment->cuda_ipc_handle());
     if (!h.ok()) return FromCodec(h.status());
-    cuda::Expected<cuda::SharedMapping> m = cuda::SharedMapping::Acquire(*h, device_, w.segment->bytes());
+    Expected<cuda::SharedMapping> m = cuda::SharedMapping::Acquire(*h, device_, w.segment->bytes());
     if (!m.ok()) {
       return absl::Status(FromCodec(m.status()).code(),
                           absl::StrCat("mapping the ", w.what, " segment: ", m.status().message()));
@@ -224,7 +202,7 @@ absl::Status CudaDevicePool::Store(uint8_t* slot, int first, int n, const void* 
   in.values = values;
   absl::Status enqueued = absl::OkStatus();
   const auto step = [&](cudaError_t err, const char* what) {
-    if (enqueued.ok()) enqueued = Cuda(err, what);
+    if (enqueued.ok()) enqueued = CudaStatus(err, what);
   };
   if (!device_input) {
     in.keys = scratch->data();
@@ -246,7 +224,7 @@ absl::Status CudaDevicePool::Store(uint8_t* slot, int first, int n, const void* 
   }
   // Always drain the stream, also after a failure: the scratch goes back to the free list,
   // and Stage promises the writes are complete.
-  const absl::Status synced = Cuda(cudaStreamSynchronize(stream), "synchronizing the store");
+  const absl::Status synced = CudaStatus(cudaStreamSynchronize(stream), "synchronizing the store");
   KVARN_CLIENT_RETURN_IF_ERROR(enqueued);
   KVARN_CLIENT_RETURN_IF_ERROR(FromCodec(cs));
   KVARN_CLIENT_RETURN_IF_ERROR(synced);
@@ -332,7 +310,7 @@ absl::Status CudaDevicePool::Attend(const SequenceTable& table, int layer, const
 
   absl::Status enqueued = absl::OkStatus();
   const auto step = [&](cudaError_t err, const char* what) {
-    if (enqueued.ok()) enqueued = Cuda(err, what);
+    if (enqueued.ok()) enqueued = CudaStatus(err, what);
   };
   if (table.has_sink) {
     step(cudaMemcpyAsync(base + at_fp16 + layer_off,
@@ -364,7 +342,7 @@ absl::Status CudaDevicePool::Attend(const SequenceTable& table, int layer, const
       step(cudaMemcpyAsync(out, a.out, q_elems * sizeof(float), cudaMemcpyDeviceToHost, stream), "reading the output");
     }
   }
-  const absl::Status synced = Cuda(cudaStreamSynchronize(stream), "synchronizing attention");
+  const absl::Status synced = CudaStatus(cudaStreamSynchronize(stream), "synchronizing attention");
   KVARN_CLIENT_RETURN_IF_ERROR(enqueued);
   KVARN_CLIENT_RETURN_IF_ERROR(FromCodec(cs));
   KVARN_CLIENT_RETURN_IF_ERROR(synced);
@@ -393,16 +371,16 @@ absl::Status CudaDevicePool::Dequantize(uint32_t block, int layer, int head, flo
   int32_t bits = 0;
   absl::Status copied;
   if (cs.ok()) {
-    copied = Cuda(cudaMemcpyAsync(keys, sink.keys, n * sizeof(float), cudaMemcpyDeviceToHost, stream), "reading keys");
+    copied = CudaStatus(cudaMemcpyAsync(keys, sink.keys, n * sizeof(float), cudaMemcpyDeviceToHost, stream), "reading keys");
     if (copied.ok()) {
-      copied = Cuda(cudaMemcpyAsync(values, sink.values, n * sizeof(float), cudaMemcpyDeviceToHost, stream),
+      copied = CudaStatus(cudaMemcpyAsync(values, sink.values, n * sizeof(float), cudaMemcpyDeviceToHost, stream),
                     "reading values");
     }
     if (copied.ok()) {
-      copied = Cuda(cudaMemcpyAsync(&bits, status, sizeof(bits), cudaMemcpyDeviceToHost, stream), "reading status");
+      copied = CudaStatus(cudaMemcpyAsync(&bits, status, sizeof(bits), cudaMemcpyDeviceToHost, stream), "reading status");
     }
   }
-  const absl::Status synced = Cuda(cudaStreamSynchronize(stream), "synchronizing the decode");
+  const absl::Status synced = CudaStatus(cudaStreamSynchronize(stream), "synchronizing the decode");
   KVARN_CLIENT_RETURN_IF_ERROR(FromCodec(cs));
   KVARN_CLIENT_RETURN_IF_ERROR(copied);
   KVARN_CLIENT_RETURN_IF_ERROR(synced);

@@ -4,7 +4,7 @@
 // Session API (client.h).
 //
 // Mapping: each slab (quantized blocks, sink blocks, this session's tail slots) is opened
-// through the process-wide cache of kernels/cuda/ipc.h, so a process opens every exported
+// through the process-wide cache of common/cuda_ipc.h, so a process opens every exported
 // slab once however many sessions share it, and the mapping is closed when the last of them
 // ends. A client in the daemon's own process (pool.daemon_pid() == getpid(), where CUDA IPC
 // cannot open the daemon's handles) uses the daemon's device pointers directly.

@@ -3,12 +3,14 @@
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <optional>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/codec_status.h"
 #include "daemon/backends/cuda_sealer.h"
-#include "kernels/cuda/ipc.h"
+#include "common/cuda_ipc.h"
 
 namespace kvarn {
 
@@ -16,30 +18,31 @@ struct CudaBackend::State {
   State(int device, const ProcessProbe* probe) : device(device), retained(probe, static_cast<int>(getpid())) {}
   const int device;
   RetentionList<cuda::ExportedSlab> retained;
+  std::atomic<uint64_t> retained_bytes{0};  // as of the last Sweep
 };
 
 namespace {
 
-absl::Status FromIpc(const CodecStatus& s) {
-  if (s.ok()) return absl::OkStatus();
-  if (s.code() == CodecCode::kUnavailable) return absl::ResourceExhaustedError(s.message());
-  if (s.code() == CodecCode::kFailedPrecondition) return absl::FailedPreconditionError(s.message());
-  if (s.code() == CodecCode::kInvalidArgument) return absl::InvalidArgumentError(s.message());
-  return absl::InternalError(s.message());
-}
-
 class CudaRegion final : public Region {
  public:
-  CudaRegion(std::shared_ptr<CudaBackend::State> state, cuda::ExportedSlab slab, size_t size,
-             std::optional<ProcessOwner> owner)
-      : state_(std::move(state)), slab_(std::move(slab)), size_(size), owner_(owner) {}
+  CudaRegion(std::shared_ptr<CudaBackend::State> state, cuda::ExportedSlab slab, size_t size, bool lendable)
+      : state_(std::move(state)), slab_(std::move(slab)), size_(size), lendable_(lendable) {}
   ~CudaRegion() override {
-    if (owner_.has_value()) state_->retained.Retain(*owner_, slab_.size(), std::move(slab_));
+    if (owner_.has_value()) {
+      const uint64_t bytes = slab_.size();
+      state_->retained.Retain(*owner_, bytes, std::move(slab_));
+      state_->retained_bytes.store(state_->retained.bytes());
+    }
   }
 
   uint8_t* data() const override { return slab_.data(); }
   size_t size() const override { return size_; }
-  void Discard(size_t, size_t) override {}  // see cuda_backend.h
+  void LendTo(int pid, uint64_t identity) override {
+    // Tail slabs are written by their client: keep this one until that process is gone. The
+    // daemon's own process and unknown processes need no retention.
+    if (!lendable_ || pid <= 0 || pid == static_cast<int>(getpid()) || identity == 0) return;
+    owner_ = ProcessOwner{pid, identity};
+  }
   SegmentInfo Describe() const override {
     SegmentInfo info;
     info.bytes = size_;
@@ -53,7 +56,8 @@ class CudaRegion final : public Region {
   std::shared_ptr<CudaBackend::State> state_;
   cuda::ExportedSlab slab_;
   size_t size_;
-  std::optional<ProcessOwner> owner_;  // retain the slab for this process (tail slabs)
+  const bool lendable_;                // a tail slab, written by the client it is lent to
+  std::optional<ProcessOwner> owner_;  // retain the slab for this process
 };
 
 }  // namespace
@@ -74,7 +78,7 @@ bool CudaBackend::DeviceUsable(int device, std::string* why) {
     return fail(absl::StrCat("CUDA device ", device, " lacks unified addressing (needed for IPC)"));
   }
   // The real test: allocate and export a small slab.
-  cuda::Expected<cuda::ExportedSlab> probe = cuda::ExportedSlab::Create(device, 1 << 20);
+  Expected<cuda::ExportedSlab> probe = cuda::ExportedSlab::Create(device, 1 << 20);
   if (!probe.ok()) return fail(absl::StrCat("CUDA device ", device, " cannot export memory: ", probe.status().message()));
   return true;
 }
@@ -86,39 +90,21 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device, con
       new CudaBackend(std::make_shared<State>(device, probe != nullptr ? probe : ProcessProbe::System())));
 }
 
-absl::StatusOr<std::unique_ptr<Region>> CudaBackend::Create(RegionKind kind, size_t bytes, int owner_pid) {
-  state_->retained.Sweep();
-  std::optional<ProcessOwner> owner;
-  if (kind == RegionKind::kTail) owner = state_->retained.OwnerOf(owner_pid);
+absl::StatusOr<std::unique_ptr<Region>> CudaBackend::Create(RegionKind kind, size_t bytes) {
   const size_t alloc = bytes == 0 ? 1 : bytes;
-  if (owner.has_value()) {
-    // The same process may still have this slab mapped from an earlier session; it gets
-    // it back (zeroed), and no other process ever does while it runs.
-    if (std::optional<cuda::ExportedSlab> kept = state_->retained.Take(*owner, alloc); kept.has_value()) {
-      const int device = kept->device();
-      int previous = -1;
-      cudaGetDevice(&previous);
-      cudaSetDevice(device);
-      cudaError_t err = cudaMemsetAsync(kept->data(), 0, kept->size(), cudaStreamPerThread);
-      if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamPerThread);
-      if (previous >= 0) cudaSetDevice(previous);
-      if (err != cudaSuccess) {
-        cudaGetLastError();
-        state_->retained.Retain(*owner, kept->size(), std::move(*kept));
-        return absl::InternalError(absl::StrCat("zeroing a reused tail slab: ", cudaGetErrorString(err)));
-      }
-      return std::unique_ptr<Region>(new CudaRegion(state_, std::move(*kept), bytes, owner));
-    }
-  }
-  cuda::Expected<cuda::ExportedSlab> slab = cuda::ExportedSlab::Create(state_->device, alloc);
+  Expected<cuda::ExportedSlab> slab = cuda::ExportedSlab::Create(state_->device, alloc);
   if (!slab.ok()) {
-    absl::Status s = FromIpc(slab.status());
-    return absl::Status(s.code(), absl::StrCat("cannot allocate ", bytes, " bytes of device memory: ", s.message()));
+    const absl::Status s = FromCodec(slab.status());
+    // Out of device memory is the pool's RESOURCE_EXHAUSTED, not a transient UNAVAILABLE.
+    const absl::StatusCode code = absl::IsUnavailable(s) ? absl::StatusCode::kResourceExhausted : s.code();
+    return absl::Status(code, absl::StrCat("cannot allocate ", bytes, " bytes of device memory: ", s.message()));
   }
-  return std::unique_ptr<Region>(new CudaRegion(state_, std::move(slab).value(), bytes, owner));
+  return std::unique_ptr<Region>(new CudaRegion(state_, std::move(slab).value(), bytes, kind == RegionKind::kTail));
 }
 
-uint64_t CudaBackend::RetainedBytes() const { return state_->retained.Sweep(); }
+uint64_t CudaBackend::RetainedBytes() const { return state_->retained_bytes.load(); }
+
+void CudaBackend::Sweep() { state_->retained_bytes.store(state_->retained.Sweep()); }
 
 SealerFactory CudaBackend::MakeSealerFactory(int lanes) const {
   const int device = state_->device;

@@ -10,32 +10,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/backends/nonfinite_scan.h"
-#include "daemon/core/cpu_sealer.h"
+#include "common/codec_status.h"
 #include "kernels/cuda/cuda_codec.h"
+#include "common/cuda_status.h"
 #include "kernels/cuda/device_scope.h"
 #include "kernels/fp16.h"
 #include "kernels/store_tokens.h"
 
 namespace kvarn {
 namespace {
-
-absl::Status Cuda(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  cudaGetLastError();  // clear a non-sticky error
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
-}
-
-// The pool's device is current for a scope: kvarn::cuda::DeviceScope, with its error as a
-// status.
-class ScopedDevice {
- public:
-  explicit ScopedDevice(int device) : scope_(device), status_(Cuda(scope_.error(), "cudaSetDevice")) {}
-  const absl::Status& status() const { return status_; }
-
- private:
-  cuda::DeviceScope scope_;
-  absl::Status status_;
-};
 
 std::string EncodeProblem(int32_t bits) {
   if (bits & cuda::kStatusBadKeys) return "keys hold NaN, Inf or values beyond the fp16 range";
@@ -81,11 +64,11 @@ struct CudaSealer::Lane {
   }
   const int32_t* h_status() const { return reinterpret_cast<const int32_t*>(h_small + 8); }
 
-  absl::Status Sync() const { return Cuda(cudaStreamSynchronize(stream), "seal stream"); }
+  absl::Status Sync() const { return CudaStatus(cudaStreamSynchronize(stream), "seal stream"); }
 
   // Copies the first n status words to the host and waits for the stream.
   absl::Status FetchStatus(size_t n) const {
-    if (absl::Status s = Cuda(cudaMemcpyAsync(h_small + 8, d_small + 8, n * sizeof(int32_t),
+    if (absl::Status s = CudaStatus(cudaMemcpyAsync(h_small + 8, d_small + 8, n * sizeof(int32_t),
                                               cudaMemcpyDeviceToHost, stream),
                               "reading kernel status");
         !s.ok()) {
@@ -101,7 +84,7 @@ struct CudaSealer::Lane {
     d_scratch = nullptr;
     d_scratch_bytes = 0;
     void* p = nullptr;
-    if (absl::Status s = Cuda(cudaMalloc(&p, bytes), "seal scratch"); !s.ok()) return s;
+    if (absl::Status s = CudaStatus(cudaMalloc(&p, bytes), "seal scratch"); !s.ok()) return s;
     d_scratch = static_cast<uint8_t*>(p);
     d_scratch_bytes = bytes;
     return absl::OkStatus();
@@ -114,7 +97,7 @@ struct CudaSealer::Lane {
     h_scratch = nullptr;
     h_scratch_bytes = 0;
     void* p = nullptr;
-    if (absl::Status s = Cuda(cudaMallocHost(&p, bytes), "pinned seal scratch"); !s.ok()) return s;
+    if (absl::Status s = CudaStatus(cudaMallocHost(&p, bytes), "pinned seal scratch"); !s.ok()) return s;
     h_scratch = static_cast<uint8_t*>(p);
     h_scratch_bytes = bytes;
     return absl::OkStatus();
@@ -164,7 +147,7 @@ int CudaSealer::lanes_created() const {
 
 absl::StatusOr<std::unique_ptr<CudaSealer::Lane>> CudaSealer::NewLane() const {
   auto lane = std::make_unique<Lane>();
-  if (absl::Status s = Cuda(cudaStreamCreateWithFlags(&lane->stream, cudaStreamNonBlocking), "seal stream");
+  if (absl::Status s = CudaStatus(cudaStreamCreateWithFlags(&lane->stream, cudaStreamNonBlocking), "seal stream");
       !s.ok()) {
     lane->stream = nullptr;
     return s;
@@ -173,9 +156,9 @@ absl::StatusOr<std::unique_ptr<CudaSealer::Lane>> CudaSealer::NewLane() const {
   const size_t small = 8 + lane->status_words * sizeof(int32_t);
   void* d = nullptr;
   void* h = nullptr;
-  if (absl::Status s = Cuda(cudaMalloc(&d, small), "seal status words"); !s.ok()) return s;
+  if (absl::Status s = CudaStatus(cudaMalloc(&d, small), "seal status words"); !s.ok()) return s;
   lane->d_small = static_cast<uint8_t*>(d);
-  if (absl::Status s = Cuda(cudaMallocHost(&h, small), "pinned seal status words"); !s.ok()) return s;
+  if (absl::Status s = CudaStatus(cudaMallocHost(&h, small), "pinned seal status words"); !s.ok()) return s;
   lane->h_small = static_cast<uint8_t*>(h);
   return lane;
 }
@@ -208,13 +191,13 @@ void CudaSealer::Return(std::unique_ptr<Lane> lane) {
 }
 
 absl::Status CudaSealer::Scan(Lane& lane, const uint8_t* slot, int first, int count) {
-  if (absl::Status s = Cuda(cudaMemsetAsync(lane.d_first_bad(), 0xFF, 8, lane.stream), "scan init"); !s.ok()) return s;
-  if (absl::Status s = Cuda(LaunchNonFiniteScan(slot, layout_, first, count, lane.d_first_bad(), lane.stream),
+  if (absl::Status s = CudaStatus(cudaMemsetAsync(lane.d_first_bad(), 0xFF, 8, lane.stream), "scan init"); !s.ok()) return s;
+  if (absl::Status s = CudaStatus(LaunchNonFiniteScan(slot, layout_, first, count, lane.d_first_bad(), lane.stream),
                             "NaN/Inf scan kernel");
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = Cuda(cudaMemcpyAsync(lane.h_small, lane.d_small, 8, cudaMemcpyDeviceToHost, lane.stream),
+  if (absl::Status s = CudaStatus(cudaMemcpyAsync(lane.h_small, lane.d_small, 8, cudaMemcpyDeviceToHost, lane.stream),
                             "reading the scan");
       !s.ok()) {
     return s;
@@ -270,7 +253,7 @@ absl::Status CudaSealer::SealSink(const uint8_t* slot, uint8_t* block) {
   absl::StatusOr<LaneLease> lease = Acquire();
   if (!lease.ok()) return lease.status();
   Lane& lane = **lease;
-  if (absl::Status s = Cuda(cudaMemcpyAsync(block, slot, layout_.fp16_block_bytes(), cudaMemcpyDeviceToDevice,
+  if (absl::Status s = CudaStatus(cudaMemcpyAsync(block, slot, layout_.fp16_block_bytes(), cudaMemcpyDeviceToDevice,
                                             lane.stream),
                             "copying a sink block");
       !s.ok()) {
@@ -292,7 +275,7 @@ absl::Status CudaSealer::CopyTail(const uint8_t* src, uint8_t* dst, int tokens) 
   const size_t pitch = layout_.fp16_slot_bytes();
   const size_t width = static_cast<size_t>(tokens) * layout_.head_dim * sizeof(uint16_t);
   for (const size_t offset : {size_t{0}, layout_.tile_elems() * sizeof(uint16_t)}) {
-    if (absl::Status s = Cuda(cudaMemcpy2DAsync(dst + offset, pitch, src + offset, pitch, width, layout_.slots(),
+    if (absl::Status s = CudaStatus(cudaMemcpy2DAsync(dst + offset, pitch, src + offset, pitch, width, layout_.slots(),
                                                 cudaMemcpyDeviceToDevice, lane.stream),
                               "copying a tail");
         !s.ok()) {
@@ -318,12 +301,12 @@ absl::Status CudaSealer::WriteTokens(uint8_t* slot, int first, int n, const void
   if (absl::Status s = lane.DeviceScratch(2 * bytes); !s.ok()) return s;
   uint8_t* d_keys = lane.d_scratch;
   uint8_t* d_values = lane.d_scratch + bytes;
-  if (absl::Status s = Cuda(cudaMemcpyAsync(d_keys, keys, bytes, cudaMemcpyHostToDevice, lane.stream), "uploading keys");
+  if (absl::Status s = CudaStatus(cudaMemcpyAsync(d_keys, keys, bytes, cudaMemcpyHostToDevice, lane.stream), "uploading keys");
       !s.ok()) {
     return s;
   }
   if (absl::Status s =
-          Cuda(cudaMemcpyAsync(d_values, values, bytes, cudaMemcpyHostToDevice, lane.stream), "uploading values");
+          CudaStatus(cudaMemcpyAsync(d_values, values, bytes, cudaMemcpyHostToDevice, lane.stream), "uploading values");
       !s.ok()) {
     return s;
   }
@@ -378,7 +361,7 @@ absl::Status CudaSealer::DecodeTile(const uint8_t* block, bool fp16, int layer, 
   if (!fp16) {
     if (absl::Status s = DecodeRecord(lane, block, layer, head, Frame::kOriginal); !s.ok()) return s;
     if (absl::Status s = lane.HostScratch(2 * n * sizeof(float)); !s.ok()) return s;
-    if (absl::Status s = Cuda(cudaMemcpyAsync(lane.h_scratch, lane.d_scratch, 2 * n * sizeof(float),
+    if (absl::Status s = CudaStatus(cudaMemcpyAsync(lane.h_scratch, lane.d_scratch, 2 * n * sizeof(float),
                                               cudaMemcpyDeviceToHost, lane.stream),
                               "reading a decoded tile");
         !s.ok()) {
@@ -393,7 +376,7 @@ absl::Status CudaSealer::DecodeTile(const uint8_t* block, bool fp16, int layer, 
   if (absl::Status s = lane.HostScratch(2 * n * sizeof(uint16_t)); !s.ok()) return s;
   for (int which = 0; which < 2; ++which) {
     const size_t off = which == 0 ? layout_.Fp16KeysOffset(layer, head) : layout_.Fp16ValuesOffset(layer, head);
-    if (absl::Status s = Cuda(cudaMemcpyAsync(lane.h_scratch + which * n * sizeof(uint16_t), block + off,
+    if (absl::Status s = CudaStatus(cudaMemcpyAsync(lane.h_scratch + which * n * sizeof(uint16_t), block + off,
                                               n * sizeof(uint16_t), cudaMemcpyDeviceToHost, lane.stream),
                               "reading an fp16 tile");
         !s.ok()) {
@@ -417,12 +400,12 @@ double CudaSealer::SampleError(const uint8_t* slot, const uint8_t* block, int la
   if (!DecodeRecord(lane, block, layer, head, Frame::kStorage).ok()) return -1.0;
   const size_t f32 = 2 * n * sizeof(float);
   if (!lane.HostScratch(f32 + 2 * n * sizeof(uint16_t)).ok()) return -1.0;
-  if (!Cuda(cudaMemcpyAsync(lane.h_scratch, lane.d_scratch, f32, cudaMemcpyDeviceToHost, lane.stream), "").ok() ||
-      !Cuda(cudaMemcpyAsync(lane.h_scratch + f32, slot + layout_.Fp16KeysOffset(layer, head), n * sizeof(uint16_t),
+  if (!CudaStatus(cudaMemcpyAsync(lane.h_scratch, lane.d_scratch, f32, cudaMemcpyDeviceToHost, lane.stream), "").ok() ||
+      !CudaStatus(cudaMemcpyAsync(lane.h_scratch + f32, slot + layout_.Fp16KeysOffset(layer, head), n * sizeof(uint16_t),
                             cudaMemcpyDeviceToHost, lane.stream),
             "")
            .ok() ||
-      !Cuda(cudaMemcpyAsync(lane.h_scratch + f32 + n * sizeof(uint16_t), slot + layout_.Fp16ValuesOffset(layer, head),
+      !CudaStatus(cudaMemcpyAsync(lane.h_scratch + f32 + n * sizeof(uint16_t), slot + layout_.Fp16ValuesOffset(layer, head),
                             n * sizeof(uint16_t), cudaMemcpyDeviceToHost, lane.stream),
             "")
            .ok() ||

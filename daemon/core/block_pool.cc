@@ -1,6 +1,7 @@
 #include "daemon/core/block_pool.h"
 
 #include "absl/strings/str_cat.h"
+#include "daemon/core/check.h"
 
 namespace kvarn {
 namespace {
@@ -15,12 +16,13 @@ const char* StateName(BlockState s) {
   return "?";
 }
 
+const char* ClassName(BlockClass c) { return c == BlockClass::kQuant ? "quant" : "sink"; }
+
 }  // namespace
 
 BlockPool::BlockPool(BlockClass cls, uint32_t blocks) : cls_(cls), info_(blocks) {
   free_.reserve(blocks);
-  // Hand out low ids first.
-  for (uint32_t i = blocks; i > 0; --i) free_.push_back(i - 1);
+  for (uint32_t i = blocks; i > 0; --i) free_.push_back(i - 1);  // low ids first
   counts_[static_cast<int>(BlockState::kFree)] = blocks;
 }
 
@@ -30,124 +32,15 @@ void BlockPool::SetState(uint32_t id, BlockState s) {
   ++counts_[static_cast<int>(s)];
 }
 
-void BlockPool::UpdateEvictable(uint32_t id, bool was) {
-  const bool is = Evictable(info_[id]);
-  if (was == is) return;
-  if (is) {
-    lru_.emplace(info_[id].last_use, id);
-  } else {
-    lru_.erase({info_[id].last_use, id});
-  }
-}
-
-std::optional<uint32_t> BlockPool::TakeFree() {
-  if (free_.empty()) return std::nullopt;
-  const uint32_t id = free_.back();
-  free_.pop_back();
-  SetState(id, BlockState::kSealing);
-  info_[id].refs = 1;
-  return id;
-}
-
-std::optional<uint32_t> BlockPool::Find(const BlockHash& hash) const {
-  auto it = index_.find(hash);
-  if (it == index_.end()) return std::nullopt;
-  return it->second;
-}
-
-void BlockPool::Publish(uint32_t id, const BlockHash& hash, std::optional<BlockRef> parent,
-                        uint32_t tenant) {
-  BlockInfo& b = info_[id];
-  b.hash = hash;
-  b.has_parent = parent.has_value();
-  b.parent = parent.value_or(BlockRef{});
-  b.tenant = tenant;
-  b.children = 0;
-  index_.emplace(hash, id);
-  SetState(id, BlockState::kActive);
-}
-
-void BlockPool::Abort(uint32_t id) {
-  BlockInfo& b = info_[id];
-  b = BlockInfo{};
-  --counts_[static_cast<int>(BlockState::kSealing)];
-  ++counts_[static_cast<int>(BlockState::kFree)];
-  free_.push_back(id);
-}
-
-void BlockPool::Acquire(uint32_t id, uint64_t tick) {
-  const bool was = Evictable(info_[id]);
-  BlockInfo& b = info_[id];
-  if (was) lru_.erase({b.last_use, id});
-  ++b.refs;
-  b.last_use = tick;
-  if (b.state == BlockState::kCached) SetState(id, BlockState::kActive);
-}
-
-void BlockPool::Release(uint32_t id, uint64_t tick) {
-  BlockInfo& b = info_[id];
-  --b.refs;
-  b.last_use = tick;
-  if (b.refs == 0) {
-    SetState(id, BlockState::kCached);
-    UpdateEvictable(id, false);
-  }
-}
-
-std::optional<uint32_t> BlockPool::EvictionCandidate(std::optional<uint32_t> tenant) const {
-  for (const auto& [tick, id] : lru_) {
-    if (!tenant.has_value() || info_[id].tenant == *tenant) return id;
-  }
-  return std::nullopt;
-}
-
-std::optional<uint32_t> BlockPool::EvictionCandidateUnder(uint32_t root) const {
-  for (const auto& [tick, id] : lru_) {
-    if (info_[id].has_root && info_[id].root == root) return id;
-  }
-  return std::nullopt;
-}
-
-std::optional<uint32_t> BlockPool::OldestCached(std::optional<uint32_t> tenant) const {
-  std::optional<uint32_t> best;
-  for (uint32_t id = 0; id < info_.size(); ++id) {
-    const BlockInfo& b = info_[id];
-    if (b.state != BlockState::kCached || (tenant.has_value() && b.tenant != *tenant)) continue;
-    if (!best || b.last_use < info_[*best].last_use) best = id;
-  }
-  return best;
-}
-
-BlockInfo BlockPool::Evict(uint32_t id) {
-  BlockInfo old = info_[id];
-  lru_.erase({old.last_use, id});
-  index_.erase(old.hash);
-  info_[id] = BlockInfo{};
-  --counts_[static_cast<int>(BlockState::kCached)];
-  ++counts_[static_cast<int>(BlockState::kFree)];
-  free_.push_back(id);
-  return old;
-}
-
-void BlockPool::SetRoot(uint32_t id, bool has_root, uint32_t root) {
-  info_[id].has_root = has_root;
-  info_[id].root = root;
-}
-
-void BlockPool::AddChild(uint32_t id) {
-  const bool was = Evictable(info_[id]);
-  ++info_[id].children;
-  UpdateEvictable(id, was);
-}
-
-void BlockPool::RemoveChild(uint32_t id) {
-  const bool was = Evictable(info_[id]);
-  --info_[id].children;
-  UpdateEvictable(id, was);
+void BlockPool::Relist(uint32_t id, bool was, uint64_t old_last_use) {
+  const BlockInfo& b = info_[id];
+  const bool is = Evictable(b);
+  if (was) leaves_.Remove(id, b.tenant, old_last_use);
+  if (is) leaves_.Add(id, b.tenant, b.last_use);
 }
 
 absl::Status BlockPool::CheckInvariants() const {
-  const char* name = cls_ == BlockClass::kQuant ? "quant" : "sink";
+  const char* name = ClassName(cls_);
   uint32_t counts[4] = {0, 0, 0, 0};
   size_t evictable = 0;
   std::vector<bool> on_free(info_.size(), false);
@@ -162,78 +55,182 @@ absl::Status BlockPool::CheckInvariants() const {
       return absl::InternalError(absl::StrCat(name, " block ", id, " (", StateName(b.state), "): ", what));
     };
     if ((b.state == BlockState::kFree) != on_free[id]) return bad("free list disagrees with state");
-    const bool indexed = b.state == BlockState::kActive || b.state == BlockState::kCached;
-    auto it = index_.find(b.hash);
-    if (indexed && (it == index_.end() || it->second != id)) return bad("missing from the index");
     if (b.state == BlockState::kActive && b.refs == 0) return bad("active without references");
     if (b.state == BlockState::kCached && b.refs != 0) return bad("cached with references");
     if (b.state == BlockState::kSealing && b.refs != 1) return bad("sealing block must have one owner");
     if (b.state == BlockState::kFree && (b.refs != 0 || b.children != 0)) return bad("free block with refs or children");
-    const bool in_lru = lru_.count({b.last_use, id}) != 0;
-    if (in_lru != Evictable(b)) return bad(in_lru ? "evictable list holds a non-leaf or held block" : "evictable leaf missing from the list");
-    evictable += in_lru;
+    const bool listed = leaves_.Contains(id, b.last_use);
+    if (listed != Evictable(b)) return bad(listed ? "leaf list holds a non-leaf or held block" : "evictable leaf missing from the list");
+    evictable += listed;
   }
   for (int s = 0; s < 4; ++s) {
     if (counts[s] != counts_[s]) {
-      return absl::InternalError(absl::StrCat(name, ": ", StateName(static_cast<BlockState>(s)), " count ", counts_[s], " but ", counts[s], " blocks"));
+      return absl::InternalError(absl::StrCat(name, ": ", StateName(static_cast<BlockState>(s)), " count ", counts_[s], " but ",
+                                              counts[s], " blocks"));
     }
   }
-  if (evictable != lru_.size()) return absl::InternalError(absl::StrCat(name, ": evictable list has stale entries"));
-  if (index_.size() != counts[2] + counts[3]) return absl::InternalError(absl::StrCat(name, ": index has ", index_.size(), " entries for ", counts[2] + counts[3], " indexed blocks"));
+  if (evictable != leaves_.size()) return absl::InternalError(absl::StrCat(name, ": leaf list has stale entries"));
   return absl::OkStatus();
 }
 
-void PoolSet::Publish(BlockRef b, const BlockHash& hash, std::optional<BlockRef> parent, uint32_t tenant) {
-  pool(b.cls).Publish(b.id, hash, parent, tenant);
+PoolSet::PoolSet(uint32_t quant_blocks, uint32_t sink_blocks, uint64_t quant_block_bytes, uint64_t sink_block_bytes,
+                 UsageLedger* usage)
+    : quant_(BlockClass::kQuant, quant_blocks), sink_(BlockClass::kSink, sink_blocks),
+      quant_bytes_(quant_block_bytes), sink_bytes_(sink_block_bytes), usage_(usage) {}
+
+std::optional<uint32_t> PoolSet::TakeFree(BlockClass c, uint32_t tenant) {
+  BlockPool& p = mut(c);
+  if (p.free_.empty()) return std::nullopt;
+  const uint32_t id = p.free_.back();
+  p.free_.pop_back();
+  p.SetState(id, BlockState::kSealing);
+  p.info_[id].refs = 1;
+  p.info_[id].tenant = tenant;
+  usage_->of(tenant).cache_bytes += block_bytes(c);
+  return id;
+}
+
+void PoolSet::Publish(BlockRef ref, const BlockHash& hash, std::optional<BlockRef> parent) {
+  BlockPool& p = mut(ref.cls);
+  BlockInfo& b = p.info_[ref.id];
+  KVARN_CHECK(b.state == BlockState::kSealing, "only a sealing block is published");
+  KVARN_CHECK(index_.Insert(hash, ref), "a published hash is new");
+  b.hash = hash;
+  b.has_parent = parent.has_value();
+  b.parent = parent.value_or(BlockRef{});
+  b.children = 0;
+  p.SetState(ref.id, BlockState::kActive);
   if (!parent.has_value()) return;
-  pool(parent->cls).AddChild(parent->id);
-  if (b.cls == BlockClass::kQuant) {
-    const BlockInfo& p = pool(parent->cls).info(parent->id);
+  const BlockInfo& pi = info(*parent);
+  KVARN_CHECK(pi.state == BlockState::kActive || pi.state == BlockState::kCached, "a parent is indexed");
+  AddChild(*parent);
+  if (ref.cls == BlockClass::kQuant) {
     const bool from_sink = parent->cls == BlockClass::kSink;
-    quant_.SetRoot(b.id, from_sink || p.has_root, from_sink ? parent->id : p.root);
+    b.has_root = from_sink || pi.has_root;
+    b.root = from_sink ? parent->id : pi.root;
   }
 }
 
-BlockInfo PoolSet::Evict(BlockRef b) {
-  BlockInfo old = pool(b.cls).Evict(b.id);
-  if (old.has_parent) pool(old.parent.cls).RemoveChild(old.parent.id);
+void PoolSet::Abort(BlockRef ref) {
+  BlockPool& p = mut(ref.cls);
+  BlockInfo& b = p.info_[ref.id];
+  KVARN_CHECK(b.state == BlockState::kSealing, "only a sealing block is aborted");
+  TenantUsage& u = usage_->of(b.tenant);
+  KVARN_CHECK(u.cache_bytes >= block_bytes(ref.cls), "cache charge underflow");
+  u.cache_bytes -= block_bytes(ref.cls);
+  b = BlockInfo{};
+  --p.counts_[static_cast<int>(BlockState::kSealing)];
+  ++p.counts_[static_cast<int>(BlockState::kFree)];
+  p.free_.push_back(ref.id);
+}
+
+void PoolSet::Acquire(BlockRef ref, uint64_t tick) {
+  BlockPool& p = mut(ref.cls);
+  BlockInfo& b = p.info_[ref.id];
+  KVARN_CHECK(b.state == BlockState::kActive || b.state == BlockState::kCached, "only an indexed block is acquired");
+  const bool was = p.Evictable(b);
+  const uint64_t old = b.last_use;
+  ++b.refs;
+  b.last_use = tick;
+  if (b.state == BlockState::kCached) p.SetState(ref.id, BlockState::kActive);
+  p.Relist(ref.id, was, old);
+}
+
+void PoolSet::Release(BlockRef ref, uint64_t tick) {
+  BlockPool& p = mut(ref.cls);
+  BlockInfo& b = p.info_[ref.id];
+  KVARN_CHECK(b.state == BlockState::kActive && b.refs > 0, "reference count underflow");
+  const uint64_t old = b.last_use;
+  --b.refs;
+  b.last_use = tick;
+  if (b.refs == 0) p.SetState(ref.id, BlockState::kCached);
+  p.Relist(ref.id, false, old);
+}
+
+BlockInfo PoolSet::Evict(BlockRef ref) {
+  BlockPool& p = mut(ref.cls);
+  KVARN_CHECK(p.Evictable(ref.id), "only a cached leaf is evicted");
+  BlockInfo old = p.info_[ref.id];
+  p.leaves_.Remove(ref.id, old.tenant, old.last_use);
+  index_.Erase(old.hash);
+  TenantUsage& u = usage_->of(old.tenant);
+  KVARN_CHECK(u.cache_bytes >= block_bytes(ref.cls), "cache charge underflow");
+  u.cache_bytes -= block_bytes(ref.cls);
+  p.info_[ref.id] = BlockInfo{};
+  --p.counts_[static_cast<int>(BlockState::kCached)];
+  ++p.counts_[static_cast<int>(BlockState::kFree)];
+  p.free_.push_back(ref.id);
+  if (old.has_parent) RemoveChild(old.parent);
   return old;
+}
+
+void PoolSet::AddChild(BlockRef parent) {
+  BlockPool& p = mut(parent.cls);
+  const bool was = p.Evictable(parent.id);
+  ++p.info_[parent.id].children;
+  p.Relist(parent.id, was, p.info_[parent.id].last_use);
+}
+
+void PoolSet::RemoveChild(BlockRef parent) {
+  BlockPool& p = mut(parent.cls);
+  KVARN_CHECK(p.info_[parent.id].children > 0, "child count underflow");
+  const bool was = p.Evictable(parent.id);
+  --p.info_[parent.id].children;
+  p.Relist(parent.id, was, p.info_[parent.id].last_use);
 }
 
 absl::Status PoolSet::CheckInvariants() const {
   for (BlockClass c : {BlockClass::kQuant, BlockClass::kSink}) {
     if (absl::Status s = pool(c).CheckInvariants(); !s.ok()) return s;
   }
-  // Child counts equal the number of indexed blocks naming each block as parent.
+  // Index, child counts, chain roots and tenant charges, recomputed from the blocks.
   std::vector<uint32_t> expect[2] = {std::vector<uint32_t>(quant_.total(), 0), std::vector<uint32_t>(sink_.total(), 0)};
+  std::vector<uint64_t> charged;
+  size_t indexed = 0;
   for (BlockClass c : {BlockClass::kQuant, BlockClass::kSink}) {
     const BlockPool& p = pool(c);
     for (uint32_t id = 0; id < p.total(); ++id) {
       const BlockInfo& b = p.info(id);
-      if ((b.state == BlockState::kActive || b.state == BlockState::kCached) && b.has_parent) {
-        const BlockPool& pp = pool(b.parent.cls);
-        const BlockState ps = pp.info(b.parent.id).state;
-        if (ps != BlockState::kActive && ps != BlockState::kCached) {
-          return absl::InternalError(absl::StrCat("block ", id, " names a parent that is not indexed"));
-        }
-        ++expect[static_cast<int>(b.parent.cls)][b.parent.id];
-        if (c == BlockClass::kQuant) {
-          const BlockInfo& pi = pp.info(b.parent.id);
-          const bool want_root = b.parent.cls == BlockClass::kSink || pi.has_root;
-          const uint32_t root = b.parent.cls == BlockClass::kSink ? b.parent.id : pi.root;
-          if (b.has_root != want_root || (want_root && b.root != root)) {
-            return absl::InternalError(absl::StrCat("quant block ", id, " names the wrong chain root"));
-          }
+      if (b.state == BlockState::kFree) continue;
+      if (b.tenant >= charged.size()) charged.resize(b.tenant + 1, 0);
+      charged[b.tenant] += block_bytes(c);
+      if (b.state == BlockState::kSealing) continue;
+      ++indexed;
+      const std::optional<BlockRef> found = index_.Find(b.hash);
+      if (!found.has_value() || !(*found == BlockRef{c, id})) {
+        return absl::InternalError(absl::StrCat(ClassName(c), " block ", id, " is missing from the index"));
+      }
+      if (!b.has_parent) continue;
+      const BlockInfo& pi = info(b.parent);
+      if (pi.state != BlockState::kActive && pi.state != BlockState::kCached) {
+        return absl::InternalError(absl::StrCat(ClassName(c), " block ", id, " names a parent that is not indexed"));
+      }
+      ++expect[static_cast<int>(b.parent.cls)][b.parent.id];
+      if (c == BlockClass::kQuant) {
+        const bool want_root = b.parent.cls == BlockClass::kSink || pi.has_root;
+        const uint32_t root = b.parent.cls == BlockClass::kSink ? b.parent.id : pi.root;
+        if (b.has_root != want_root || (want_root && b.root != root)) {
+          return absl::InternalError(absl::StrCat("quant block ", id, " names the wrong chain root"));
         }
       }
     }
+  }
+  if (indexed != index_.size()) {
+    return absl::InternalError(absl::StrCat("index has ", index_.size(), " entries for ", indexed, " indexed blocks"));
   }
   for (BlockClass c : {BlockClass::kQuant, BlockClass::kSink}) {
     const BlockPool& p = pool(c);
     for (uint32_t id = 0; id < p.total(); ++id) {
       if (p.info(id).children != expect[static_cast<int>(c)][id]) {
-        return absl::InternalError(absl::StrCat("block ", id, " child count ", p.info(id).children, " != ", expect[static_cast<int>(c)][id]));
+        return absl::InternalError(absl::StrCat(ClassName(c), " block ", id, " child count ", p.info(id).children, " != ",
+                                                expect[static_cast<int>(c)][id]));
       }
+    }
+  }
+  for (uint32_t t = 0; t < usage_->all().size(); ++t) {
+    const uint64_t want = t < charged.size() ? charged[t] : 0;
+    if (usage_->all()[t].cache_bytes != want) {
+      return absl::InternalError(absl::StrCat("tenant ", t, " is charged ", usage_->all()[t].cache_bytes, " cache bytes but holds ", want));
     }
   }
   return absl::OkStatus();

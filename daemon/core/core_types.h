@@ -2,17 +2,22 @@
 #ifndef KVARN_DAEMON_CORE_CORE_TYPES_H_
 #define KVARN_DAEMON_CORE_CORE_TYPES_H_
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/unique_fd.h"
 #include "daemon/core/memory.h"
+#include "daemon/core/quota.h"
 
 namespace kvarn {
 
 using SessionId = uint64_t;
 using SequenceId = uint64_t;
+// A session's credential: 256 bits from the OS CSPRNG, presented with every call.
+using SessionSecret = std::array<uint8_t, 32>;
 
 // The model the pool serves. Every session must declare exactly this layout.
 struct ModelConfig {
@@ -27,10 +32,15 @@ struct ModelConfig {
 
 struct CoreConfig {
   ModelConfig model;
-  // Total pool memory. fp16_share of it holds fp16 blocks (sink tiles and session tail
-  // slots); the rest holds quantized blocks.
+  // Total pool memory. fp16_share of it holds fp16 blocks, the rest quantized blocks. Of the
+  // fp16 blocks, sink_share are sink blocks (sealed first tiles, shared by prefix) and the
+  // rest tail slots that sessions reserve; without a sink (sink_tokens = 0) all are tail
+  // slots. The two are separate budgets: a sink block's pages, once written, stay resident
+  // (its segment is sealed read-only for clients, see common/shared_memory.h), so they could
+  // not be handed to tail slots anyway.
   uint64_t capacity_bytes = 1ull << 30;
   double fp16_share = 0.25;
+  double sink_share = 0.25;
   // After a seal, a block class above high_watermark of its blocks in use is evicted down to
   // low_watermark (least recently used cached leaves first).
   double high_watermark = 0.95;
@@ -44,10 +54,17 @@ struct CoreConfig {
   uint32_t max_tail_slots = 4096;
   uint32_t max_prompt_tokens = 1u << 20;
   uint32_t max_read_tokens = 4096;
-  // Prefix-hash namespace: per-tenant salt derived from this secret; tenants share cache
-  // entries only if share_across_tenants.
+  // Prefix-hash namespace: per-tenant salt derived from this secret. Without a tenants file,
+  // share_across_tenants lets all tenant labels share cache entries (one trust domain);
+  // with one, only tenants of the same group share.
   std::string tenant_salt_secret;
   bool share_across_tenants = false;
+  // Quotas of tenants that set none (quota.h, tenants.h).
+  uint32_t tenant_max_sessions = 256;
+  uint32_t tenant_max_watchers = 16;
+  // Daemon-wide caps: observer sessions (status tools) and Watch streams.
+  uint32_t max_observer_sessions = 64;
+  uint32_t max_watchers = 256;
   // Grants admin operations (evict all, other tenants, global listings). Empty: nobody.
   std::string admin_token;
   // Scan every committed token for NaN/Inf at commit. Off, bad values are still refused,
@@ -59,6 +76,7 @@ struct CoreConfig {
 struct SessionRef {
   SessionId session = 0;
   uint64_t epoch = 0;
+  SessionSecret secret{};
 };
 
 // A sequence's blocks as a reader needs them.
@@ -80,17 +98,25 @@ struct PoolView {
   uint64_t fp16_block_bytes = 0;
   uint32_t quant_blocks = 0;
   uint32_t sink_blocks = 0;
-  SegmentInfo quant_segment;
-  SegmentInfo sink_segment;
-  SegmentInfo tail_segment;
+  uint64_t quant_bytes = 0;  // segment sizes; the memory itself comes by LendMemory
+  uint64_t sink_bytes = 0;
+  uint64_t tail_bytes = 0;
   uint32_t tail_slots = 0;
   uint64_t epoch = 0;
   int daemon_pid = 0;
 };
 
+// A session's memory as the descriptor channel hands it over.
+struct LentSegment {
+  RegionKind kind = RegionKind::kQuant;
+  SegmentInfo info;
+  UniqueFd fd;            // a duplicate of the region's descriptor; invalid for cuda
+  bool writable = false;  // only the session's own tail
+};
+
 struct OpenParams {
-  int client_pid = 0;  // the client's process, for backends that track importers
   std::string tenant;
+  std::string tenant_token;  // checked when tenants are configured
   ModelConfig layout;
   uint32_t max_sequences = 0;
   std::string admin_token;
@@ -100,6 +126,7 @@ struct OpenParams {
 
 struct OpenResult {
   SessionId session = 0;
+  SessionSecret secret{};
   PoolView pool;
 };
 
@@ -121,7 +148,9 @@ struct EvictResult {
   uint64_t bytes = 0;
 };
 
-enum class EvictReason { kAllocation = 0, kWatermark = 1, kRequest = 2, kSession = 3 };
+// kQuota: a tenant at its cache quota gave up its own least recently used cached block.
+enum class EvictReason { kAllocation = 0, kWatermark = 1, kRequest = 2, kQuota = 3 };
+inline constexpr int kEvictReasons = 4;
 
 struct SessionStats {
   SessionId id = 0;
@@ -132,27 +161,36 @@ struct SessionStats {
   bool connected = false;
 };
 
+// One tenant's holdings against its quota (metrics, status).
+struct TenantReport {
+  std::string name;
+  bool configured = false;
+  TenantUsage usage;
+  TenantQuota quota;
+};
+
 struct CoreStats {
   uint64_t capacity_bytes = 0, quant_capacity_bytes = 0, fp16_capacity_bytes = 0;
   uint64_t quant_block_bytes = 0, fp16_block_bytes = 0;
   uint32_t quant_total = 0, quant_free = 0, quant_active = 0, quant_cached = 0, quant_sealing = 0;
   uint32_t sink_total = 0, sink_free = 0, sink_active = 0, sink_cached = 0, sink_sealing = 0;
-  uint32_t fp16_slots_budget = 0, tail_slots_reserved = 0;
+  uint32_t tail_slots_budget = 0, tail_slots_reserved = 0;
+  uint64_t retained_bytes = 0;  // memory the backend keeps for a client process still alive
   uint32_t sessions = 0, sequences = 0;
   uint64_t prefix_queried_tokens = 0, prefix_hit_tokens = 0;
   uint64_t seals = 0, sink_seals = 0, dedup_seals = 0;
-  uint64_t evictions[4] = {0, 0, 0, 0};  // by EvictReason
+  uint64_t evictions[kEvictReasons] = {0, 0, 0, 0};  // by EvictReason
   uint64_t sessions_expired = 0;
   uint64_t epoch = 0;
   std::vector<SessionStats> session_info;
+  std::vector<TenantReport> tenants;  // configured tenants: the caller's own, all for admins
 
   uint64_t ActiveBytes() const { return quant_active * quant_block_bytes + sink_active * fp16_block_bytes; }
   uint64_t CachedBytes() const { return quant_cached * quant_block_bytes + sink_cached * fp16_block_bytes; }
-  uint64_t Fp16Bytes() const {
-    return (uint64_t{sink_total - sink_free} + tail_slots_reserved) * fp16_block_bytes;
-  }
+  uint64_t TailBytes() const { return uint64_t{tail_slots_reserved} * fp16_block_bytes; }
   uint64_t UsedBytes() const {
-    return uint64_t{quant_total - quant_free} * quant_block_bytes + Fp16Bytes();
+    return uint64_t{quant_total - quant_free} * quant_block_bytes + uint64_t{sink_total - sink_free} * fp16_block_bytes +
+           TailBytes() + retained_bytes;
   }
 };
 

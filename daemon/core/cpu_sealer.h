@@ -1,42 +1,17 @@
 // The Sealer for host-accessible memory, on the SIMD codec. Seals fan out over a small
-// pool of threads: one block holds num_layers x num_kv_heads independent tiles.
+// pool of threads (parallel_for.h): one block holds num_layers x num_kv_heads independent
+// tiles.
 #ifndef KVARN_DAEMON_CORE_CPU_SEALER_H_
 #define KVARN_DAEMON_CORE_CPU_SEALER_H_
 
-#include <condition_variable>
-#include <functional>
 #include <memory>
-#include <mutex>
-#include <thread>
-#include <vector>
 
+#include "daemon/core/parallel_for.h"
 #include "daemon/core/sealer.h"
 #include "kernels/block_layout.h"
 #include "kernels/preset.h"
 
 namespace kvarn {
-
-// Runs fn(i) for i in [0, n) on `threads` workers (the caller is one of them).
-class ParallelFor {
- public:
-  explicit ParallelFor(int threads);
-  ~ParallelFor();
-  ParallelFor(const ParallelFor&) = delete;
-  ParallelFor& operator=(const ParallelFor&) = delete;
-  void Run(size_t n, const std::function<void(size_t)>& fn);
-  int threads() const { return static_cast<int>(workers_.size()) + 1; }
-
- private:
-  void Worker();
-  std::mutex run_mu_;  // one Run at a time
-  std::mutex mu_;
-  std::condition_variable cv_, done_cv_;
-  const std::function<void(size_t)>* fn_ = nullptr;
-  size_t n_ = 0, next_ = 0, active_ = 0;
-  uint64_t generation_ = 0;
-  bool stop_ = false;
-  std::vector<std::thread> workers_;
-};
 
 class CpuSealer final : public Sealer {
  public:
@@ -58,9 +33,6 @@ class CpuSealer final : public Sealer {
   BlockLayout layout_;
   std::unique_ptr<ParallelFor> pool_;
 };
-
-// absl::Status from a codec status (the codes share numbers).
-absl::Status FromCodec(const CodecStatus& s);
 
 }  // namespace kvarn
 

@@ -1,11 +1,17 @@
+// KvCore: creation, tenants, sessions and their leases, lending memory, sequences' lifecycle.
 #include "daemon/core/kv_core.h"
 
-#include <algorithm>
+#include <fcntl.h>
+#include <openssl/crypto.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/codec_status.h"
+#include "common/random.h"
+#include "daemon/core/check.h"
 #include "daemon/core/cpu_sealer.h"
 
 namespace kvarn {
@@ -23,34 +29,47 @@ absl::Status ValidateModel(const ModelConfig& m, Preset* preset) {
 }
 
 std::string DescribeModel(const ModelConfig& m) {
-  return absl::StrCat(m.model_id, " layers=", m.num_layers, " kv_heads=", m.num_kv_heads,
-                      " head_dim=", m.head_dim, " preset=", m.preset, " sink_tokens=", m.sink_tokens);
+  return absl::StrCat(m.model_id, " layers=", m.num_layers, " kv_heads=", m.num_kv_heads, " head_dim=", m.head_dim,
+                      " preset=", m.preset, " sink_tokens=", m.sink_tokens);
 }
 
 uint64_t RandomEpoch() {
-  std::random_device rd;
   uint64_t e = 0;
-  while (e == 0) e = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  while (e == 0) {
+    if (!FillRandom(reinterpret_cast<uint8_t*>(&e), sizeof(e)).ok()) e = std::random_device{}();
+  }
   return e;
+}
+
+HashNamespaceInput NamespaceBase(const ModelConfig& m, const Preset& p) {
+  HashNamespaceInput in;
+  in.model_id = m.model_id;
+  in.num_layers = m.num_layers;
+  in.num_kv_heads = m.num_kv_heads;
+  in.head_dim = m.head_dim;
+  in.tile_tokens = static_cast<uint32_t>(p.tile_tokens);
+  in.preset = p.Name();
+  in.sink_tokens = m.sink_tokens;
+  return in;
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<KvCore>> KvCore::Create(const CoreConfig& config,
-                                                       MemoryBackend* backend, const Clock* clock,
-                                                       SealerFactory sealer,
-                                                       CoreObserver* observer, uint64_t epoch) {
+absl::StatusOr<std::unique_ptr<KvCore>> KvCore::Create(const CoreConfig& config, MemoryBackend* backend,
+                                                       const Clock* clock, SealerFactory sealer, CoreObserver* observer,
+                                                       uint64_t epoch) {
   Preset preset;
   if (absl::Status s = ValidateModel(config.model, &preset); !s.ok()) return s;
-  if (!(config.fp16_share > 0.0 && config.fp16_share < 1.0)) {
-    return absl::InvalidArgumentError("fp16_share must be in (0, 1)");
+  if (!(config.fp16_share > 0.0 && config.fp16_share < 1.0)) return absl::InvalidArgumentError("fp16_share must be in (0, 1)");
+  if (config.model.sink_tokens > 0 && !(config.sink_share > 0.0 && config.sink_share < 1.0)) {
+    return absl::InvalidArgumentError("sink_share must be in (0, 1)");
   }
-  if (!(config.low_watermark > 0.0 && config.low_watermark <= config.high_watermark &&
-        config.high_watermark <= 1.0)) {
+  if (!(config.low_watermark > 0.0 && config.low_watermark <= config.high_watermark && config.high_watermark <= 1.0)) {
     return absl::InvalidArgumentError("watermarks must satisfy 0 < low <= high <= 1");
   }
-  if (config.lease_ttl <= config.keepalive_interval) {
-    return absl::InvalidArgumentError("lease_ttl must exceed keepalive_interval");
+  if (config.lease_ttl <= config.keepalive_interval) return absl::InvalidArgumentError("lease_ttl must exceed keepalive_interval");
+  if (config.tenant_max_sessions < 1 || config.tenant_max_watchers < 1) {
+    return absl::InvalidArgumentError("tenant_max_sessions and tenant_max_watchers must be at least 1");
   }
   BlockLayout layout;
   layout.num_layers = static_cast<int>(config.model.num_layers);
@@ -58,106 +77,100 @@ absl::StatusOr<std::unique_ptr<KvCore>> KvCore::Create(const CoreConfig& config,
   layout.head_dim = static_cast<int>(config.model.head_dim);
   layout.tile_tokens = preset.tile_tokens;
   layout.record_bytes = preset.RecordBytes(layout.head_dim);
-  auto core = std::unique_ptr<KvCore>(
-      new KvCore(config, preset, layout, backend, clock, observer, epoch ? epoch : RandomEpoch()));
   const uint64_t fp16_capacity = static_cast<uint64_t>(static_cast<double>(config.capacity_bytes) * config.fp16_share);
   const uint64_t quant_blocks = (config.capacity_bytes - fp16_capacity) / layout.quant_block_bytes();
-  const uint64_t fp16_budget = fp16_capacity / layout.fp16_block_bytes();
-  if (quant_blocks < 1 || fp16_budget < 2 || quant_blocks > UINT32_MAX || fp16_budget > UINT32_MAX) {
+  const uint64_t fp16_blocks = fp16_capacity / layout.fp16_block_bytes();
+  const uint64_t sink_blocks =
+      config.model.sink_tokens > 0 ? static_cast<uint64_t>(static_cast<double>(fp16_blocks) * config.sink_share) : 0;
+  const uint64_t tail_budget = fp16_blocks - sink_blocks;
+  if (quant_blocks < 1 || tail_budget < 1 || (config.model.sink_tokens > 0 && sink_blocks < 1) ||
+      quant_blocks > UINT32_MAX || fp16_blocks > UINT32_MAX) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "capacity ", config.capacity_bytes, " bytes does not fit this layout: a quantized block is ",
-        layout.quant_block_bytes(), " bytes and an fp16 block ", layout.fp16_block_bytes(),
-        "; need at least one quantized and two fp16 blocks"));
+        "capacity ", config.capacity_bytes, " bytes does not fit this layout: a quantized block is ", layout.quant_block_bytes(),
+        " bytes and an fp16 block ", layout.fp16_block_bytes(), "; need at least one quantized block, one tail slot",
+        config.model.sink_tokens > 0 ? " and one sink block" : "", " (fp16_share ", config.fp16_share, ", sink_share ",
+        config.sink_share, " give ", quant_blocks, ", ", tail_budget, " and ", sink_blocks, ")"));
   }
-  core->fp16_budget_ = static_cast<uint32_t>(fp16_budget);
-  const uint32_t sink_blocks = config.model.sink_tokens > 0 ? core->fp16_budget_ : 0;
+  auto core = std::unique_ptr<KvCore>(new KvCore(config, preset, layout, backend, clock, observer,
+                                                 epoch ? epoch : RandomEpoch(), static_cast<uint32_t>(quant_blocks),
+                                                 static_cast<uint32_t>(sink_blocks), static_cast<uint32_t>(tail_budget)));
   auto quant = backend->Create(RegionKind::kQuant, quant_blocks * layout.quant_block_bytes());
   if (!quant.ok()) return quant.status();
   core->quant_region_ = std::move(*quant);
   if (sink_blocks > 0) {
-    auto sink = backend->Create(RegionKind::kSink, uint64_t{sink_blocks} * layout.fp16_block_bytes());
+    auto sink = backend->Create(RegionKind::kSink, sink_blocks * layout.fp16_block_bytes());
     if (!sink.ok()) return sink.status();
     core->sink_region_ = std::move(*sink);
   }
   core->sealer_ = sealer ? sealer(preset, layout) : std::make_unique<CpuSealer>(preset, layout);
-  absl::MutexLock lock(&core->mu_);
-  core->pools_ = PoolSet(static_cast<uint32_t>(quant_blocks), sink_blocks);
   return core;
 }
 
-KvCore::KvCore(const CoreConfig& config, const Preset& preset, const BlockLayout& layout,
-               MemoryBackend* backend, const Clock* clock, CoreObserver* observer, uint64_t epoch)
-    : config_(config), preset_(preset), layout_(layout), backend_(backend), clock_(clock),
-      observer_(observer), epoch_(epoch), pools_(0, 0) {}
+KvCore::KvCore(const CoreConfig& config, const Preset& preset, const BlockLayout& layout, MemoryBackend* backend,
+               const Clock* clock, CoreObserver* observer, uint64_t epoch, uint32_t quant_blocks, uint32_t sink_blocks,
+               uint32_t tail_budget)
+    : config_(config), preset_(preset), layout_(layout), backend_(backend), clock_(clock), observer_(observer),
+      epoch_(epoch), tail_budget_(tail_budget),
+      tenants_(NamespaceBase(config.model, preset), config.tenant_salt_secret, config.share_across_tenants,
+               QuotaDefaults{config.tenant_max_sessions, config.tenant_max_watchers, tail_budget,
+                             uint64_t{quant_blocks} * layout.quant_block_bytes() + uint64_t{sink_blocks} * layout.fp16_block_bytes()}),
+      sessions_(epoch, config.lease_ttl, config.grace, &usage_),
+      pools_(quant_blocks, sink_blocks, layout.quant_block_bytes(), layout.fp16_block_bytes(), &usage_) {}
 
 KvCore::~KvCore() = default;
 
-uint32_t KvCore::InternTenant(const std::string& name) {
-  const std::string key = config_.share_across_tenants ? std::string("*shared*") : name;
-  auto it = tenant_ids_.find(name);
-  if (it != tenant_ids_.end()) return it->second;
-  Tenant t;
-  t.name = name;
-  HashNamespaceInput in;
-  in.model_id = config_.model.model_id;
-  in.num_layers = config_.model.num_layers;
-  in.num_kv_heads = config_.model.num_kv_heads;
-  in.head_dim = config_.model.head_dim;
-  in.tile_tokens = static_cast<uint32_t>(preset_.tile_tokens);
-  in.preset = preset_.Name();
-  in.sink_tokens = config_.model.sink_tokens;
-  in.tenant_salt = TenantSalt(key, config_.tenant_salt_secret);
-  t.ns = NamespaceDigest(in);
-  tenants_.push_back(std::move(t));
-  const uint32_t id = static_cast<uint32_t>(tenants_.size() - 1);
-  tenant_ids_.emplace(name, id);
-  return id;
+absl::Status KvCore::ConfigureTenants(const std::vector<TenantSpec>& specs) {
+  Locked lock(this);
+  if (!tenants_.configured() && (!sessions_.all().empty())) {
+    return absl::FailedPreconditionError("tenants can be configured only before the first session");
+  }
+  const std::vector<uint32_t> revoked = tenants_.Configure(specs);
+  std::vector<SessionId> ending;
+  for (const auto& [id, s] : sessions_.all()) {
+    if (!s.closing && std::find(revoked.begin(), revoked.end(), s.tenant) != revoked.end()) ending.push_back(id);
+  }
+  for (SessionId id : ending) EndSession(*sessions_.Get(id));
+  return absl::OkStatus();
+}
+
+bool KvCore::tenants_configured() const {
+  absl::MutexLock lock(&mu_);
+  return tenants_.configured();
 }
 
 std::string KvCore::TenantName(uint32_t tenant) const {
   absl::MutexLock lock(&mu_);
-  return tenant < tenants_.size() ? tenants_[tenant].name : std::string();
+  return tenant < tenants_.size() ? tenants_.get(tenant).name : std::string();
 }
 
-absl::StatusOr<KvCore::Session*> KvCore::FindSession(SessionRef ref) {
-  if (ref.epoch != epoch_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "stale epoch ", ref.epoch, ": the daemon restarted (epoch ", epoch_, "); reconnect and reopen the session"));
+std::vector<TenantReport> KvCore::TenantReports() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<TenantReport> out;
+  if (!tenants_.configured()) return out;
+  for (uint32_t t = 0; t < tenants_.size(); ++t) {
+    const Tenant& ten = tenants_.get(t);
+    if (!ten.configured) continue;
+    TenantReport r;
+    r.name = ten.name;
+    r.configured = true;
+    r.quota = ten.quota;
+    if (t < usage_.all().size()) r.usage = usage_.all()[t];
+    out.push_back(std::move(r));
   }
-  auto it = sessions_.find(ref.session);
-  if (it == sessions_.end() || it->second.closing) {
-    return absl::NotFoundError(absl::StrCat("no session ", ref.session));
-  }
-  it->second.last_seen = clock_->Now();
-  return &it->second;
-}
-
-absl::StatusOr<KvCore::Sequence*> KvCore::FindSequence(Session* s, SequenceId id) {
-  auto it = sequences_.find(id);
-  // Another session's sequence looks exactly like an unknown one.
-  if (it == sequences_.end() || it->second.session != s->id || it->second.doomed) {
-    return absl::NotFoundError(absl::StrCat("no sequence ", id, " in this session"));
-  }
-  return &it->second;
+  return out;
 }
 
 uint8_t* KvCore::SlotPtr(const Session& s, uint32_t slot) const {
   return s.tail_region->data() + static_cast<size_t>(slot) * layout_.fp16_block_bytes();
 }
 
-size_t KvCore::BlockBytes(BlockClass c) const {
-  return c == BlockClass::kQuant ? layout_.quant_block_bytes() : layout_.fp16_block_bytes();
-}
-
 uint8_t* KvCore::BlockPtr(BlockRef b) const {
   Region* r = b.cls == BlockClass::kQuant ? quant_region_.get() : sink_region_.get();
-  return r->data() + static_cast<size_t>(b.id) * BlockBytes(b.cls);
+  return r->data() + static_cast<size_t>(b.id) * pools_.block_bytes(b.cls);
 }
 
-std::optional<BlockRef> KvCore::LastBlock(const Sequence& q) const {
-  if (!q.quant.empty()) return BlockRef{BlockClass::kQuant, q.quant.back()};
-  if (q.has_sink) return BlockRef{BlockClass::kSink, q.sink};
-  return std::nullopt;
+BlockClass KvCore::ClassAt(size_t tile) const {
+  return tile == 0 && config_.model.sink_tokens > 0 ? BlockClass::kSink : BlockClass::kQuant;
 }
 
 BlockTableView KvCore::TableOf(const Sequence& q, bool with_blocks) const {
@@ -170,6 +183,15 @@ BlockTableView KvCore::TableOf(const Sequence& q, bool with_blocks) const {
   t.tail_slot = q.tail_slot;
   t.tail_tokens = q.tail_tokens;
   return t;
+}
+
+absl::StatusOr<Sequence*> KvCore::FindSequence(Session* s, SequenceId id) {
+  auto it = sequences_.find(id);
+  // Another session's sequence looks exactly like an unknown one.
+  if (it == sequences_.end() || it->second.session != s->id || it->second.doomed) {
+    return absl::NotFoundError(absl::StrCat("no sequence ", id, " in this session"));
+  }
+  return &it->second;
 }
 
 std::vector<BlockHash> KvCore::PrefixHashes(const BlockHash& ns, std::span<const uint32_t> prompt) const {
@@ -185,17 +207,8 @@ std::vector<BlockHash> KvCore::PrefixHashes(const BlockHash& ns, std::span<const
   return hashes;
 }
 
-uint32_t KvCore::Fp16SlotsInUse() const {
-  const BlockPool& sink = pools_.pool(BlockClass::kSink);
-  const uint64_t retained = backend_->RetainedBytes();
-  const uint64_t retained_slots = (retained + layout_.fp16_block_bytes() - 1) / layout_.fp16_block_bytes();
-  return sink.total() - sink.free_count() + tail_slots_reserved_ + static_cast<uint32_t>(retained_slots);
-}
-
 absl::StatusOr<OpenResult> KvCore::OpenSession(const OpenParams& p) {
-  if (p.tenant.empty() || p.tenant.size() > 256) {
-    return absl::InvalidArgumentError("tenant must be 1..256 bytes");
-  }
+  if (p.tenant.empty() || p.tenant.size() > 256) return absl::InvalidArgumentError("tenant must be 1..256 bytes");
   if (!(p.layout == config_.model)) {
     return absl::InvalidArgumentError(absl::StrCat("layout mismatch: the daemon serves ", DescribeModel(config_.model),
                                                    "; the session declared ", DescribeModel(p.layout)));
@@ -204,34 +217,63 @@ absl::StatusOr<OpenResult> KvCore::OpenSession(const OpenParams& p) {
   if (slots > config_.max_tail_slots) {
     return absl::InvalidArgumentError(absl::StrCat("max_sequences ", slots, " exceeds the limit ", config_.max_tail_slots));
   }
-  absl::MutexLock lock(&mu_);
-  if (draining_) return absl::UnavailableError("draining: open a session elsewhere");
-  // Tail slots come out of the fp16 share, which cached sink blocks may be holding.
-  while (Fp16SlotsInUse() + slots > fp16_budget_) {
-    if (!EvictOne(BlockClass::kSink, EvictReason::kAllocation, std::nullopt)) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "no room for ", slots, " tail slots: ", fp16_budget_ - std::min(fp16_budget_, Fp16SlotsInUse()),
-          " of ", fp16_budget_, " fp16 blocks are free"));
+  Session s;
+  if (absl::Status r = FillRandom(s.secret.data(), s.secret.size()); !r.ok()) return r;
+  {
+    Locked lock(this);
+    if (draining_) return absl::UnavailableError("draining: open a session elsewhere");
+    auto tenant = tenants_.Authenticate(p.tenant, p.tenant_token);
+    if (!tenant.ok()) return tenant.status();
+    const Tenant& t = tenants_.get(*tenant);
+    uint32_t opening_observers = 0;
+    for (const auto& [id, o] : opening_) opening_observers += o.observer;
+    if (p.observer && sessions_.observer_count() + opening_observers >= config_.max_observer_sessions) {
+      return absl::ResourceExhaustedError(absl::StrCat("all ", config_.max_observer_sessions,
+                                                       " observer sessions are in use (max_observer_sessions)"));
+    }
+    if (absl::Status q = CheckSessionQuota(t.name, t.quota, usage_.of(*tenant), slots); !q.ok()) return q;
+    // Tail memory the backend still keeps for the processes of ended sessions counts too.
+    const uint64_t retained = (backend_->RetainedBytes() + layout_.fp16_block_bytes() - 1) / layout_.fp16_block_bytes();
+    const uint64_t in_use = sessions_.tail_slots_reserved() + retained;
+    if (in_use + slots > tail_budget_) {
+      return absl::ResourceExhaustedError(absl::StrCat("no room for ", slots, " tail slots: ",
+                                                       tail_budget_ - std::min<uint64_t>(tail_budget_, in_use), " of ",
+                                                       tail_budget_, " are free; close a session or ask for fewer"));
+    }
+    sessions_.Reserve(*tenant, slots);
+    s.id = next_session_++;
+    s.tenant = *tenant;
+    opening_.emplace(s.id, Opening{*tenant, slots, p.observer});
+  }
+  // The tail region is created outside the lock (it may map memory or call the device); its
+  // slots are reserved meanwhile.
+  std::unique_ptr<Region> tail;
+  absl::Status created;
+  if (slots > 0) {
+    auto region = backend_->Create(RegionKind::kTail, uint64_t{slots} * layout_.fp16_block_bytes());
+    if (region.ok()) {
+      tail = std::move(*region);
+    } else {
+      created = region.status();
     }
   }
-  std::unique_ptr<Region> tail;
-  if (slots > 0) {
-    auto region = backend_->Create(RegionKind::kTail, uint64_t{slots} * layout_.fp16_block_bytes(), p.client_pid);
-    if (!region.ok()) return region.status();
-    tail = std::move(*region);
+  Locked lock(this);
+  opening_.erase(s.id);
+  if (!created.ok()) {
+    sessions_.Unreserve(s.tenant, slots);
+    return created;
   }
-  Session s;
-  s.id = next_session_++;
-  s.tenant = InternTenant(p.tenant);
   s.client_name = p.client_name;
-  s.admin = !config_.admin_token.empty() && p.admin_token == config_.admin_token;
+  s.admin = !config_.admin_token.empty() && p.admin_token.size() == config_.admin_token.size() &&
+            CRYPTO_memcmp(p.admin_token.data(), config_.admin_token.data(), p.admin_token.size()) == 0;
+  s.observer = p.observer;
   s.tail_region = std::move(tail);
   s.slots = slots;
   for (uint32_t i = slots; i > 0; --i) s.free_slots.push_back(i - 1);
-  s.last_seen = clock_->Now();
-  tail_slots_reserved_ += slots;
+  s.renewed = clock_->Now();
   OpenResult r;
   r.session = s.id;
+  r.secret = s.secret;
   PoolView& v = r.pool;
   v.backend = backend_->name();
   v.tile_tokens = static_cast<uint32_t>(preset_.tile_tokens);
@@ -240,40 +282,51 @@ absl::StatusOr<OpenResult> KvCore::OpenSession(const OpenParams& p) {
   v.fp16_block_bytes = layout_.fp16_block_bytes();
   v.quant_blocks = pools_.pool(BlockClass::kQuant).total();
   v.sink_blocks = pools_.pool(BlockClass::kSink).total();
-  v.quant_segment = quant_region_->Describe();
-  if (sink_region_) v.sink_segment = sink_region_->Describe();
-  if (s.tail_region) v.tail_segment = s.tail_region->Describe();
+  v.quant_bytes = quant_region_->size();
+  v.sink_bytes = sink_region_ ? sink_region_->size() : 0;
+  v.tail_bytes = s.tail_region ? s.tail_region->size() : 0;
   v.tail_slots = slots;
   v.epoch = epoch_;
   v.daemon_pid = static_cast<int>(getpid());
-  sessions_.emplace(s.id, std::move(s));
+  if (draining_) {
+    // Drain began while the region was made: refuse after all.
+    sessions_.Unreserve(s.tenant, slots);
+    graveyard_.push_back(std::move(s.tail_region));
+    return absl::UnavailableError("draining: open a session elsewhere");
+  }
+  sessions_.Add(std::move(s));
   return r;
 }
 
-absl::Status KvCore::KeepAlive(SessionRef ref) {
-  absl::MutexLock lock(&mu_);
-  return FindSession(ref).status();
+absl::Status KvCore::KeepAlive(const SessionRef& ref) {
+  Locked lock(this);
+  auto s = sessions_.Find(ref);
+  if (!s.ok()) return s.status();
+  sessions_.Renew(**s, clock_->Now());
+  return absl::OkStatus();
 }
 
-absl::Status KvCore::AttachStream(SessionRef ref) {
-  absl::MutexLock lock(&mu_);
-  auto s = FindSession(ref);
+absl::Status KvCore::AttachStream(const SessionRef& ref) {
+  Locked lock(this);
+  auto s = sessions_.Find(ref);
   if (!s.ok()) return s.status();
-  ++(*s)->streams;
-  (*s)->stream_seen = true;
+  sessions_.StreamAttached(**s, clock_->Now());
   return absl::OkStatus();
 }
 
 void KvCore::DetachStream(SessionId id) {
-  absl::MutexLock lock(&mu_);
-  auto it = sessions_.find(id);
-  if (it == sessions_.end()) return;
-  if (--it->second.streams == 0) it->second.disconnected_at = clock_->Now();
+  Locked lock(this);
+  if (Session* s = sessions_.Get(id); s != nullptr) sessions_.StreamDetached(*s, clock_->Now());
 }
 
-absl::StatusOr<uint32_t> KvCore::CloseSession(SessionRef ref) {
+absl::Status KvCore::CheckSession(const SessionRef& ref) const {
   absl::MutexLock lock(&mu_);
-  auto s = FindSession(ref);
+  return sessions_.Find(ref).status();
+}
+
+absl::StatusOr<uint32_t> KvCore::CloseSession(const SessionRef& ref) {
+  Locked lock(this);
+  auto s = sessions_.Find(ref);
   if (!s.ok()) return s.status();
   const uint32_t n = static_cast<uint32_t>((*s)->sequences.size());
   EndSession(**s);
@@ -281,24 +334,24 @@ absl::StatusOr<uint32_t> KvCore::CloseSession(SessionRef ref) {
 }
 
 int KvCore::ExpireSessions() {
-  absl::MutexLock lock(&mu_);
-  const absl::Time now = clock_->Now();
-  std::vector<SessionId> expired;
-  for (auto& [id, s] : sessions_) {
-    if (s.closing) continue;
-    const bool stream_gone = s.stream_seen && s.streams == 0 && now - s.disconnected_at >= config_.grace;
-    const bool silent = now - s.last_seen >= config_.lease_ttl;
-    if (stream_gone || silent) expired.push_back(id);
-  }
+  Locked lock(this);
+  const std::vector<SessionId> expired = sessions_.Expired(clock_->Now());
   for (SessionId id : expired) {
     ++counters_.sessions_expired;
-    EndSession(sessions_.at(id));
+    EndSession(*sessions_.Get(id));
   }
   return static_cast<int>(expired.size());
 }
 
 void KvCore::EndSession(Session& s) {
-  s.closing = true;
+  sessions_.MarkClosing(s);
+  sessions_ended_.fetch_add(1, std::memory_order_release);
+  if (s.watchers > 0) {
+    // Its Watch streams end when they see sessions_ended move; their grants go with it.
+    usage_.of(s.tenant).watchers -= s.watchers;
+    watchers_ -= s.watchers;
+    s.watchers = 0;
+  }
   std::vector<SequenceId> seqs(s.sequences.begin(), s.sequences.end());
   for (SequenceId id : seqs) {
     Sequence& q = sequences_.at(id);
@@ -312,44 +365,84 @@ void KvCore::EndSession(Session& s) {
 }
 
 void KvCore::FinishSessionIfDone(SessionId id) {
-  auto it = sessions_.find(id);
-  if (it == sessions_.end() || !it->second.closing || !it->second.sequences.empty()) return;
-  tail_slots_reserved_ -= it->second.slots;
-  sessions_.erase(it);  // destroys the tail region (unlinks the segment)
+  const Session* s = sessions_.Get(id);
+  if (s == nullptr || !s->closing || !s->sequences.empty()) return;
+  graveyard_.push_back(sessions_.Remove(id));  // the tail region goes once the lock is released
+}
+
+bool KvCore::EndCall(Sequence& q) {
+  q.busy = false;
+  if (!q.doomed) return false;
+  const SessionId session = q.session;
+  ReleaseSequence(q);
+  FinishSessionIfDone(session);
+  return true;
 }
 
 void KvCore::ReleaseSequence(Sequence& q) {
   // Children before parents, so parents are the more recently used and leave last.
-  for (auto it = q.quant.rbegin(); it != q.quant.rend(); ++it) {
-    pools_.pool(BlockClass::kQuant).Release(*it, ++tick_);
-  }
-  if (q.has_sink) pools_.pool(BlockClass::kSink).Release(q.sink, ++tick_);
-  Session& s = sessions_.at(q.session);
-  s.free_slots.push_back(q.tail_slot);
-  s.sequences.erase(q.id);
+  for (auto it = q.quant.rbegin(); it != q.quant.rend(); ++it) pools_.Release({BlockClass::kQuant, *it}, ++tick_);
+  if (q.has_sink) pools_.Release({BlockClass::kSink, q.sink}, ++tick_);
+  Session* s = sessions_.Get(q.session);
+  KVARN_CHECK(s != nullptr, "a sequence's session exists");
+  s->free_slots.push_back(q.tail_slot);
+  s->sequences.erase(q.id);
   sequences_.erase(q.id);
 }
 
-absl::StatusOr<std::vector<BlockHash>> KvCore::PromptHashes(SessionRef ref, std::span<const uint32_t> prompt) {
+absl::StatusOr<std::vector<LentSegment>> KvCore::LendMemory(const SessionRef& ref, int pid, uint64_t identity) {
+  Locked lock(this);
+  auto found = sessions_.Find(ref);
+  if (!found.ok()) return found.status();
+  Session& s = **found;
+  if (s.peer_pid != 0 && s.peer_pid != pid) {
+    return absl::PermissionDeniedError(absl::StrCat("session ", s.id, " is bound to another process"));
+  }
+  std::vector<LentSegment> out;
+  const auto lend = [&](Region* r, RegionKind kind, bool writable) -> absl::Status {
+    LentSegment seg;
+    seg.kind = kind;
+    seg.info = r->Describe();
+    seg.writable = writable;
+    if (r->fd() >= 0) {
+      seg.fd = UniqueFd(fcntl(r->fd(), F_DUPFD_CLOEXEC, 0));
+      if (!seg.fd.valid()) return absl::ResourceExhaustedError("no descriptor left to lend memory");
+    }
+    out.push_back(std::move(seg));
+    return absl::OkStatus();
+  };
+  if (absl::Status st = lend(quant_region_.get(), RegionKind::kQuant, false); !st.ok()) return st;
+  if (sink_region_) {
+    if (absl::Status st = lend(sink_region_.get(), RegionKind::kSink, false); !st.ok()) return st;
+  }
+  if (s.tail_region) {
+    if (absl::Status st = lend(s.tail_region.get(), RegionKind::kTail, true); !st.ok()) return st;
+    s.tail_region->LendTo(pid, identity);
+  }
+  s.peer_pid = pid;
+  return out;
+}
+
+absl::StatusOr<KvCore::HashedPrompt> KvCore::PromptHashes(const SessionRef& ref, std::span<const uint32_t> prompt) {
   if (prompt.size() > config_.max_prompt_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt of ", prompt.size(), " tokens exceeds the limit ", config_.max_prompt_tokens));
+    return absl::InvalidArgumentError(absl::StrCat("prompt of ", prompt.size(), " tokens exceeds the limit ",
+                                                   config_.max_prompt_tokens));
   }
   BlockHash ns;
   {
     absl::MutexLock lock(&mu_);
-    auto s = FindSession(ref);
+    auto s = sessions_.Find(ref);
     if (!s.ok()) return s.status();
-    ns = tenants_[(*s)->tenant].ns;
+    ns = tenants_.get((*s)->tenant).ns;
   }
-  return PrefixHashes(ns, prompt);  // hashing runs outside the lock
+  return HashedPrompt{ns, PrefixHashes(ns, prompt)};  // hashing runs outside the lock
 }
 
-absl::StatusOr<CreateResult> KvCore::CreateSequence(SessionRef ref, std::span<const uint32_t> prompt) {
+absl::StatusOr<CreateResult> KvCore::CreateSequence(const SessionRef& ref, std::span<const uint32_t> prompt) {
   auto hashed = PromptHashes(ref, prompt);
   if (!hashed.ok()) return hashed.status();
-  const std::vector<BlockHash>& hashes = *hashed;
-  absl::MutexLock lock(&mu_);
-  auto s = FindSession(ref);
+  Locked lock(this);
+  auto s = sessions_.Find(ref);
   if (!s.ok()) return s.status();
   Session& session = **s;
   if (draining_) return absl::UnavailableError("draining: create the sequence elsewhere");
@@ -358,22 +451,27 @@ absl::StatusOr<CreateResult> KvCore::CreateSequence(SessionRef ref, std::span<co
         ? std::string("an observer session has no tail slots: open one with max_sequences")
         : absl::StrCat("all ", session.slots, " tail slots of this session are in use; release a sequence"));
   }
+  std::vector<BlockHash> rehashed;
+  if (const BlockHash& ns = tenants_.get(session.tenant).ns; ns != hashed->ns) {
+    // A tenants reload moved the tenant to another namespace while the prompt was hashed.
+    rehashed = PrefixHashes(ns, prompt);
+  }
+  const std::vector<BlockHash>& hashes = rehashed.empty() ? hashed->hashes : rehashed;
+  sessions_.Renew(session, clock_->Now());
   Sequence q;
   q.id = next_sequence_++;
   q.session = session.id;
   q.tail_slot = session.free_slots.back();
   session.free_slots.pop_back();
   for (size_t i = 0; i < hashes.size(); ++i) {
-    const BlockClass cls = (i == 0 && config_.model.sink_tokens > 0) ? BlockClass::kSink : BlockClass::kQuant;
-    BlockPool& pool = pools_.pool(cls);
-    const std::optional<uint32_t> hit = pool.Find(hashes[i]);
-    if (!hit.has_value()) break;
-    pool.Acquire(*hit, ++tick_);
-    if (cls == BlockClass::kSink) {
+    const std::optional<BlockRef> hit = pools_.Find(hashes[i]);
+    if (!hit.has_value() || hit->cls != ClassAt(i)) break;
+    pools_.Acquire(*hit, ++tick_);
+    if (hit->cls == BlockClass::kSink) {
       q.has_sink = true;
-      q.sink = *hit;
+      q.sink = hit->id;
     } else {
-      q.quant.push_back(*hit);
+      q.quant.push_back(hit->id);
     }
     q.last_hash = hashes[i];
     q.tokens += static_cast<uint64_t>(preset_.tile_tokens);
@@ -389,23 +487,23 @@ absl::StatusOr<CreateResult> KvCore::CreateSequence(SessionRef ref, std::span<co
   return r;
 }
 
-absl::StatusOr<uint64_t> KvCore::Lookup(SessionRef ref, std::span<const uint32_t> prompt) {
+absl::StatusOr<uint64_t> KvCore::Lookup(const SessionRef& ref, std::span<const uint32_t> prompt) {
   auto hashed = PromptHashes(ref, prompt);
   if (!hashed.ok()) return hashed.status();
-  const std::vector<BlockHash>& hashes = *hashed;
+  const std::vector<BlockHash>& hashes = hashed->hashes;
   absl::MutexLock lock(&mu_);
   uint64_t tokens = 0;
   for (size_t i = 0; i < hashes.size(); ++i) {
-    const BlockClass cls = (i == 0 && config_.model.sink_tokens > 0) ? BlockClass::kSink : BlockClass::kQuant;
-    if (!pools_.pool(cls).Find(hashes[i]).has_value()) break;
+    const std::optional<BlockRef> hit = pools_.Find(hashes[i]);
+    if (!hit.has_value() || hit->cls != ClassAt(i)) break;
     tokens += static_cast<uint64_t>(preset_.tile_tokens);
   }
   return tokens;
 }
 
-absl::StatusOr<uint32_t> KvCore::Release(SessionRef ref, std::span<const SequenceId> seqs) {
-  absl::MutexLock lock(&mu_);
-  auto s = FindSession(ref);
+absl::StatusOr<uint32_t> KvCore::Release(const SessionRef& ref, std::span<const SequenceId> seqs) {
+  Locked lock(this);
+  auto s = sessions_.Find(ref);
   if (!s.ok()) return s.status();
   absl::flat_hash_set<SequenceId> seen;
   for (SequenceId id : seqs) {
@@ -414,13 +512,14 @@ absl::StatusOr<uint32_t> KvCore::Release(SessionRef ref, std::span<const Sequenc
     if ((*q)->busy) return absl::FailedPreconditionError(absl::StrCat("sequence ", id, " has a call in flight"));
     if (!seen.insert(id).second) return absl::InvalidArgumentError(absl::StrCat("sequence ", id, " listed twice"));
   }
+  sessions_.Renew(**s, clock_->Now());
   for (SequenceId id : seqs) ReleaseSequence(sequences_.at(id));
   return static_cast<uint32_t>(seqs.size());
 }
 
-absl::StatusOr<BlockTableView> KvCore::Table(SessionRef ref, SequenceId seq) {
-  absl::MutexLock lock(&mu_);
-  auto s = FindSession(ref);
+absl::StatusOr<BlockTableView> KvCore::Table(const SessionRef& ref, SequenceId seq) {
+  Locked lock(this);
+  auto s = sessions_.Find(ref);
   if (!s.ok()) return s.status();
   auto q = FindSequence(*s, seq);
   if (!q.ok()) return q.status();

@@ -1,23 +1,31 @@
-// KvCore: the pool of quantized and fp16 blocks, the sequences that reference them, the
-// prefix index, eviction, and the sessions whose leases own the sequences.
+// KvCore: the daemon's state behind one lock. A thin facade: each public call takes the lock,
+// asks the component that owns the rule, and applies the result. Where each rule lives:
+//   sessions.h         credentials (secret check), leases (expiry), tail slots
+//   tenants.h          tenant authentication, namespaces, quota values
+//   quota.h            per-tenant usage and the quota checks
+//   block_pool.h       block states, reference counts, prefix index, parent links
+//   eviction_policy.h  which cached block leaves first
+//   sequence.h         a sequence's blocks
+// The core does no I/O: memory comes from a MemoryBackend, block bytes are read and written
+// only by a Sealer, time comes from a Clock, so every rule is unit-tested with heap memory and
+// a fake clock.
 //
-// The core does no I/O of its own: memory comes from a MemoryBackend, block bytes are read
-// and written only by a Sealer, and time from a Clock, so every rule here is unit-tested
-// with heap memory and a fake clock.
+// Thread safety: all methods may be called concurrently. One mutex guards the bookkeeping.
+// Work that does not need it runs outside it: the data-plane work of an append (validation,
+// quantization), of a fork (tail copy) and of a Read (decoding), while the sequence is marked
+// busy (and a new block is kSealing, invisible to everyone else: a block is visible only once
+// fully written and sealed); creating a session's tail region; and destroying regions of ended
+// sessions (which may call the device).
 //
-// Thread safety: all methods may be called concurrently. One mutex guards the bookkeeping;
-// the expensive data-plane work of an append (validation, quantization) runs outside it
-// while the sequence is marked busy and the new block is in the kSealing state, invisible
-// to everyone else (promise: a block is visible only once fully written and sealed).
-//
-// Errors follow DESIGN.md: INVALID_ARGUMENT fix the request, NOT_FOUND unknown (or not
-// yours), RESOURCE_EXHAUSTED nothing left to evict, FAILED_PRECONDITION stale epoch or busy
-// sequence, UNAVAILABLE draining, PERMISSION_DENIED admin-only. A rejected call changes no
-// state.
+// Errors follow DESIGN.md: INVALID_ARGUMENT fix the request, NOT_FOUND unknown (or not yours,
+// or a wrong secret), UNAUTHENTICATED a tenant's token is wrong, RESOURCE_EXHAUSTED nothing
+// left to evict or a quota reached (the message names it), FAILED_PRECONDITION stale epoch or
+// busy sequence, UNAVAILABLE draining, PERMISSION_DENIED admin-only. A rejected call changes
+// no state.
 #ifndef KVARN_DAEMON_CORE_KV_CORE_H_
 #define KVARN_DAEMON_CORE_KV_CORE_H_
 
-#include <functional>
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <span>
@@ -25,7 +33,6 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -34,156 +41,158 @@
 #include "daemon/core/core_types.h"
 #include "daemon/core/events.h"
 #include "daemon/core/memory.h"
+#include "daemon/core/quota.h"
 #include "daemon/core/sealer.h"
+#include "daemon/core/sequence.h"
+#include "daemon/core/sessions.h"
+#include "daemon/core/tenants.h"
 #include "kernels/block_layout.h"
 #include "kernels/preset.h"
 
 namespace kvarn {
 
-using SealerFactory = std::function<std::unique_ptr<Sealer>(const Preset&, const BlockLayout&)>;
+// What a Watch stream may see.
+struct WatchGrant {
+  bool all_tenants = false;  // admin
+  uint32_t tenant = 0;
+};
 
 class KvCore {
  public:
-  // Validates the config, sizes the pools and creates their regions. epoch 0 draws a
-  // random one. The default sealer factory builds a CpuSealer.
-  static absl::StatusOr<std::unique_ptr<KvCore>> Create(const CoreConfig& config,
-                                                        MemoryBackend* backend, const Clock* clock,
-                                                        SealerFactory sealer = nullptr,
-                                                        CoreObserver* observer = nullptr,
-                                                        uint64_t epoch = 0);
+  // Validates the config, sizes the pools and creates their regions. epoch 0 draws a random
+  // one. The default sealer factory builds a CpuSealer.
+  static absl::StatusOr<std::unique_ptr<KvCore>> Create(const CoreConfig& config, MemoryBackend* backend,
+                                                        const Clock* clock, SealerFactory sealer = nullptr,
+                                                        CoreObserver* observer = nullptr, uint64_t epoch = 0);
   ~KvCore();
 
   uint64_t epoch() const { return epoch_; }
   const Preset& preset() const { return preset_; }
   const BlockLayout& layout() const { return layout_; }
   const CoreConfig& config() const { return config_; }
-  Region& quant_region() const { return *quant_region_; }
-  Region* sink_region() const { return sink_region_.get(); }
   EventLog& events() { return events_; }
   const char* backend_name() const { return backend_->name(); }
+  MemoryBackend* backend() const { return backend_; }
 
+  // Tenants: switches to authenticated tenants (the tenants file), or reloads them. Sessions
+  // of tenants whose token changed or who were removed end at once.
+  absl::Status ConfigureTenants(const std::vector<TenantSpec>& specs);
+  bool tenants_configured() const;
+  std::string TenantName(uint32_t tenant) const;
+  // Holdings and quotas of the configured tenants (empty without a tenants file: labels are
+  // unbounded client input, never metric labels).
+  std::vector<TenantReport> TenantReports() const;
+
+  // Sessions and leases.
   absl::StatusOr<OpenResult> OpenSession(const OpenParams& params);
-  // Lease: a keep-alive message; stream attach/detach of the session's keep-alive stream.
-  absl::Status KeepAlive(SessionRef ref);
-  absl::Status AttachStream(SessionRef ref);
+  // A keep-alive message: renews the lease.
+  absl::Status KeepAlive(const SessionRef& ref);
+  // The session's keep-alive stream attaches (renewing the lease) or detaches (starting the
+  // grace period). DetachStream takes the id: the stream was attached with the credential.
+  absl::Status AttachStream(const SessionRef& ref);
   void DetachStream(SessionId session);
-  absl::StatusOr<uint32_t> CloseSession(SessionRef ref);
+  absl::StatusOr<uint32_t> CloseSession(const SessionRef& ref);
   // Ends sessions whose lease ran out; returns how many.
   int ExpireSessions();
+  // Incremented whenever a session ends (close, expiry, revocation): watchers re-check
+  // theirs when it moves. Lock-free.
+  uint64_t sessions_ended() const { return sessions_ended_.load(std::memory_order_acquire); }
+  // OK while the session is live (no renewal): for streams that must end with it.
+  absl::Status CheckSession(const SessionRef& ref) const;
 
-  absl::StatusOr<CreateResult> CreateSequence(SessionRef ref, std::span<const uint32_t> prompt);
-  absl::StatusOr<uint64_t> Lookup(SessionRef ref, std::span<const uint32_t> prompt);
+  // The session's memory for its client process (pid verified by the kernel; identity its
+  // start time): the quantized and sink segments read-only, the session's tail writable. The
+  // first call binds the session to `pid`; a call from another process is PERMISSION_DENIED.
+  absl::StatusOr<std::vector<LentSegment>> LendMemory(const SessionRef& ref, int pid, uint64_t identity = 0);
+
+  // Sequences.
+  absl::StatusOr<CreateResult> CreateSequence(const SessionRef& ref, std::span<const uint32_t> prompt);
+  // How many prompt tokens CreateSequence would adopt now. Renews nothing.
+  absl::StatusOr<uint64_t> Lookup(const SessionRef& ref, std::span<const uint32_t> prompt);
   // Commits token_ids.size() tokens already written into the tail slot.
-  absl::StatusOr<AppendResult> Append(SessionRef ref, SequenceId seq,
-                                      std::span<const uint32_t> token_ids);
+  absl::StatusOr<AppendResult> Append(const SessionRef& ref, SequenceId seq, std::span<const uint32_t> token_ids);
+  // Many appends of one session. The outer status is the session's (unknown, stale epoch,
+  // draining); then one result per item, in order, each as Append would give.
+  absl::StatusOr<std::vector<absl::StatusOr<AppendResult>>> AppendBatch(
+      const SessionRef& ref, std::span<const std::pair<SequenceId, std::span<const uint32_t>>> items);
   // Writes the K/V ([n][layers][kv_heads][head_dim], original frame) into the tail, then
   // commits them. keys/values hold n * layers * kv_heads * head_dim elements of dtype.
-  // Many appends of one session: one result per item, in order, each as Append would give.
-  std::vector<absl::StatusOr<AppendResult>> AppendBatch(
-      SessionRef ref, std::span<const std::pair<SequenceId, std::span<const uint32_t>>> items);
-  absl::StatusOr<AppendResult> AppendInline(SessionRef ref, SequenceId seq,
-                                            std::span<const uint32_t> token_ids,
+  absl::StatusOr<AppendResult> AppendInline(const SessionRef& ref, SequenceId seq, std::span<const uint32_t> token_ids,
                                             const void* keys, const void* values, DType dtype);
-  absl::StatusOr<CreateResult> Fork(SessionRef ref, SequenceId seq);
+  absl::StatusOr<CreateResult> Fork(const SessionRef& ref, SequenceId seq);
   // All ids must be the session's; then all are released.
-  absl::StatusOr<uint32_t> Release(SessionRef ref, std::span<const SequenceId> seqs);
-  absl::StatusOr<BlockTableView> Table(SessionRef ref, SequenceId seq);
+  absl::StatusOr<uint32_t> Release(const SessionRef& ref, std::span<const SequenceId> seqs);
+  absl::StatusOr<BlockTableView> Table(const SessionRef& ref, SequenceId seq);
   // Dequantized K/V of tokens [start, start + count) of one layer, original frame,
-  // [count][kv_heads][head_dim] each.
-  absl::Status Read(SessionRef ref, SequenceId seq, uint32_t layer, uint64_t start,
-                    uint32_t count, float* keys, float* values);
-  absl::StatusOr<EvictResult> Evict(SessionRef ref, EvictScope scope, uint64_t bytes,
-                                    const std::string& tenant);
-  // Global figures; session listings limited to the caller's tenant unless admin. With no
-  // ref (metrics), everything.
+  // [count][kv_heads][head_dim] each. Decodes outside the lock; FAILED_PRECONDITION while
+  // another call runs on the sequence.
+  absl::Status Read(const SessionRef& ref, SequenceId seq, uint32_t layer, uint64_t start, uint32_t count,
+                    float* keys, float* values);
+
+  // Eviction by request.
+  absl::StatusOr<EvictResult> Evict(const SessionRef& ref, EvictScope scope, uint64_t bytes, const std::string& tenant);
+
+  // Watch streams: a grant counts against the tenant's watchers quota and the daemon's cap
+  // until ReleaseWatcher.
+  absl::StatusOr<WatchGrant> AcquireWatcher(const SessionRef& ref);
+  void ReleaseWatcher(SessionId session);
+
+  // Global figures; session listings limited to the caller's tenant unless admin. With no ref
+  // (metrics), everything.
   absl::StatusOr<CoreStats> Stats(std::optional<SessionRef> ref) const;
-  absl::StatusOr<std::vector<SequenceStats>> ListSequences(SessionRef ref) const;
-  // Whether the session may watch all tenants; its tenant id for event filtering.
-  absl::StatusOr<std::pair<bool, uint32_t>> WatchScope(SessionRef ref) const;
-  std::string TenantName(uint32_t tenant) const;
+  absl::StatusOr<std::vector<SequenceStats>> ListSequences(const SessionRef& ref) const;
 
   // Refuse new sessions, sequences and appends (UNAVAILABLE) from now on.
   void BeginDrain();
-  // Every block in one state, every reference owned, counts consistent.
+  // Every block in one state, every reference owned, every count and charge consistent.
   absl::Status CheckInvariants() const;
 
  private:
-  struct Session {
-    SessionId id = 0;
-    uint32_t tenant = 0;
-    std::string client_name;
-    bool admin = false;
-    std::unique_ptr<Region> tail_region;
-    uint32_t slots = 0;
-    std::vector<uint32_t> free_slots;
-    absl::flat_hash_set<SequenceId> sequences;
-    int streams = 0;
-    bool stream_seen = false;
-    bool closing = false;  // ended; waiting for in-flight appends
-    absl::Time last_seen;
-    absl::Time disconnected_at;
-  };
-  struct Sequence {
-    SequenceId id = 0;
-    SessionId session = 0;
-    bool has_sink = false;
-    uint32_t sink = 0;
-    std::vector<uint32_t> quant;
-    uint32_t tail_slot = 0;
-    uint32_t tail_tokens = 0;
-    std::vector<uint32_t> tail_ids;
-    BlockHash last_hash = kRootHash;
-    uint64_t tokens = 0;
-    bool busy = false;    // an append or fork runs outside the lock
-    bool doomed = false;  // its session ended while busy: release when done
-    std::optional<BlockRef> pending;  // block held by the in-flight append
-  };
-  struct Tenant {
-    std::string name;
-    BlockHash ns{};
-  };
   struct AppendPlan;
+  class Locked;
 
-  KvCore(const CoreConfig& config, const Preset& preset, const BlockLayout& layout,
-         MemoryBackend* backend, const Clock* clock, CoreObserver* observer, uint64_t epoch);
+  KvCore(const CoreConfig& config, const Preset& preset, const BlockLayout& layout, MemoryBackend* backend,
+         const Clock* clock, CoreObserver* observer, uint64_t epoch, uint32_t quant_blocks, uint32_t sink_blocks,
+         uint32_t tail_budget);
 
-  absl::StatusOr<Session*> FindSession(SessionRef ref) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Sequence*> FindSequence(Session* s, SequenceId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint32_t InternTenant(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   BlockTableView TableOf(const Sequence& q, bool with_blocks = true) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint8_t* SlotPtr(const Session& s, uint32_t slot) const;
   uint8_t* BlockPtr(BlockRef b) const;
-  size_t BlockBytes(BlockClass c) const;
   // Chain hashes of the full tiles of a prompt that may be adopted (at most len - 1 tokens,
   // so the worker still computes the last prompt token).
   std::vector<BlockHash> PrefixHashes(const BlockHash& ns, std::span<const uint32_t> prompt) const;
-  // Checks the prompt's size and the session, then hashes its adoptable tiles.
-  absl::StatusOr<std::vector<BlockHash>> PromptHashes(SessionRef ref, std::span<const uint32_t> prompt)
+  struct HashedPrompt {
+    BlockHash ns;
+    std::vector<BlockHash> hashes;
+  };
+  // Checks the prompt's size and the session, then hashes its adoptable tiles (unlocked).
+  absl::StatusOr<HashedPrompt> PromptHashes(const SessionRef& ref, std::span<const uint32_t> prompt)
       ABSL_LOCKS_EXCLUDED(mu_);
-  std::optional<BlockRef> LastBlock(const Sequence& q) const;
+  BlockClass ClassAt(size_t tile) const;
 
-  // Frees one block of class c by evicting the least recently used cached leaf; false when
-  // nothing is evictable. Sink blocks also respect the fp16 budget shared with tail slots.
-  bool EvictOne(BlockClass c, EvictReason reason, std::optional<uint32_t> tenant)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Eviction (policy in eviction_policy.h).
+  bool EvictForPressure(BlockClass c, EvictReason reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EvictBlock(BlockRef b, EvictReason reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::optional<uint32_t> AllocateBlock(BlockClass c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A free block of class c for `tenant`'s seal, evicting under pressure and within the
+  // tenant's cache quota; RESOURCE_EXHAUSTED naming why when there is none.
+  absl::StatusOr<uint32_t> AllocateBlock(BlockClass c, uint32_t tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyWatermark(BlockClass c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint32_t Fp16SlotsInUse() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void ReleaseSequence(Sequence& q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndSession(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishSessionIfDone(SessionId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks the sequence's call finished; releases it (and maybe its session) if its session
+  // ended meanwhile. Returns whether it was released.
+  bool EndCall(Sequence& q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  absl::StatusOr<AppendResult> AppendImpl(SessionRef ref, SequenceId seq,
-                                          std::span<const uint32_t> token_ids, const void* keys,
-                                          const void* values, DType dtype);
+  absl::StatusOr<AppendResult> AppendImpl(const SessionRef& ref, SequenceId seq, std::span<const uint32_t> token_ids,
+                                          const void* keys, const void* values, DType dtype);
+  absl::Status PlanAppend(Session& s, SequenceId seq, std::span<const uint32_t> ids, AppendPlan* plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Phase B of an append: the data-plane work outside the lock.
   absl::Status AppendWork(const AppendPlan& plan, const void* keys, const void* values, DType dtype);
-  absl::Status PlanAppend(SessionRef ref, SequenceId seq, std::span<const uint32_t> ids,
-                          AppendPlan* plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<AppendResult> FinishAppend(const AppendPlan& plan, absl::Status work)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<AppendResult> FinishAppend(const AppendPlan& plan, absl::Status work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoreConfig config_;
   const Preset preset_;
@@ -192,24 +201,52 @@ class KvCore {
   const Clock* const clock_;
   CoreObserver* const observer_;
   const uint64_t epoch_;
+  const uint32_t tail_budget_;  // tail slots all sessions may reserve together
   std::unique_ptr<Sealer> sealer_;
   std::unique_ptr<Region> quant_region_;
   std::unique_ptr<Region> sink_region_;
-  uint32_t fp16_budget_ = 0;  // fp16 blocks the fp16 share holds: sinks + tail slots
   EventLog events_;
+  std::atomic<uint64_t> sessions_ended_{0};
 
   mutable absl::Mutex mu_;
+  UsageLedger usage_ ABSL_GUARDED_BY(mu_);
+  TenantRegistry tenants_ ABSL_GUARDED_BY(mu_);
+  SessionTable sessions_ ABSL_GUARDED_BY(mu_);
   PoolSet pools_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<SessionId, Session> sessions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<SequenceId, Sequence> sequences_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, uint32_t> tenant_ids_ ABSL_GUARDED_BY(mu_);
-  std::vector<Tenant> tenants_ ABSL_GUARDED_BY(mu_);
   uint64_t tick_ ABSL_GUARDED_BY(mu_) = 0;
   SessionId next_session_ ABSL_GUARDED_BY(mu_) = 1;
   SequenceId next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
-  uint32_t tail_slots_reserved_ ABSL_GUARDED_BY(mu_) = 0;
+  // Sessions between reservation and creation (OpenSession makes the tail region unlocked).
+  struct Opening {
+    uint32_t tenant = 0;
+    uint32_t slots = 0;
+    bool observer = false;
+  };
+  absl::flat_hash_map<SessionId, Opening> opening_ ABSL_GUARDED_BY(mu_);
+  uint32_t watchers_ ABSL_GUARDED_BY(mu_) = 0;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   CoreStats counters_ ABSL_GUARDED_BY(mu_);  // cumulative counters only
+  // Regions of ended sessions, destroyed by Locked after the lock is released.
+  std::vector<std::unique_ptr<Region>> graveyard_ ABSL_GUARDED_BY(mu_);
+};
+
+// The core's lock for one public call; regions of sessions that ended during the call are
+// destroyed after the lock is released (destroying one may unmap memory or call the device).
+class ABSL_SCOPED_LOCKABLE KvCore::Locked {
+ public:
+  explicit Locked(KvCore* core) ABSL_EXCLUSIVE_LOCK_FUNCTION(core->mu_) : core_(core) { core_->mu_.Lock(); }
+  ~Locked() ABSL_UNLOCK_FUNCTION() {
+    core_->mu_.AssertHeld();
+    std::vector<std::unique_ptr<Region>> dead = std::move(core_->graveyard_);
+    core_->graveyard_.clear();
+    core_->mu_.Unlock();
+  }
+  Locked(const Locked&) = delete;
+  Locked& operator=(const Locked&) = delete;
+
+ private:
+  KvCore* const core_;
 };
 
 }  // namespace kvarn

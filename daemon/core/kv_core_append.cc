@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/core/check.h"
 #include "daemon/core/kv_core.h"
 
 namespace kvarn {
@@ -17,72 +18,53 @@ struct KvCore::AppendPlan {
   BlockClass cls = BlockClass::kQuant;
   BlockHash hash{};
   std::optional<BlockRef> parent;
-  uint32_t tenant = 0;
   bool own_block = false;  // a kSealing block to fill; else `block` is an existing indexed one
   BlockRef block;
   std::vector<uint32_t> ids;
 };
 
-absl::StatusOr<AppendResult> KvCore::Append(SessionRef ref, SequenceId seq,
-                                            std::span<const uint32_t> token_ids) {
+absl::StatusOr<AppendResult> KvCore::Append(const SessionRef& ref, SequenceId seq, std::span<const uint32_t> token_ids) {
   return AppendImpl(ref, seq, token_ids, nullptr, nullptr, DType::kF16);
 }
 
-absl::StatusOr<AppendResult> KvCore::AppendInline(SessionRef ref, SequenceId seq,
-                                                  std::span<const uint32_t> token_ids,
-                                                  const void* keys, const void* values, DType dtype) {
+absl::StatusOr<AppendResult> KvCore::AppendInline(const SessionRef& ref, SequenceId seq,
+                                                  std::span<const uint32_t> token_ids, const void* keys,
+                                                  const void* values, DType dtype) {
   if (keys == nullptr || values == nullptr) return absl::InvalidArgumentError("inline append without K/V");
   return AppendImpl(ref, seq, token_ids, keys, values, dtype);
 }
 
-absl::Status KvCore::PlanAppend(SessionRef ref, SequenceId seq, std::span<const uint32_t> ids,
-                                AppendPlan* plan) {
-  auto s = FindSession(ref);
-  if (!s.ok()) return s.status();
-  auto q = FindSequence(*s, seq);
+absl::Status KvCore::PlanAppend(Session& s, SequenceId seq, std::span<const uint32_t> ids, AppendPlan* plan) {
+  auto q = FindSequence(&s, seq);
   if (!q.ok()) return q.status();
   Sequence& sq = **q;
-  if (draining_) return absl::UnavailableError("draining: continue the sequence elsewhere");
   if (sq.busy) return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " has another call in flight"));
   const int g = preset_.tile_tokens;
   const int room = g - static_cast<int>(sq.tail_tokens);
   if (ids.empty()) return absl::InvalidArgumentError("append of 0 tokens");
   if (static_cast<int64_t>(ids.size()) > room) {
-    return absl::InvalidArgumentError(absl::StrCat("append of ", ids.size(), " tokens goes past the tail: ", room,
-                                                   " of ", g, " tail positions are free"));
+    return absl::InvalidArgumentError(absl::StrCat("append of ", ids.size(), " tokens goes past the tail: ", room, " of ", g,
+                                                   " tail positions are free"));
   }
-  plan->session = (*s)->id;
+  plan->session = s.id;
   plan->seq = seq;
-  plan->slot = SlotPtr(**s, sq.tail_slot);
+  plan->slot = SlotPtr(s, sq.tail_slot);
   plan->first = static_cast<int>(sq.tail_tokens);
   plan->n = static_cast<int>(ids.size());
   plan->seal = plan->n == room;
-  plan->tenant = (*s)->tenant;
   if (plan->seal) {
-    const bool first_tile = sq.tokens + static_cast<uint64_t>(plan->n) == static_cast<uint64_t>(g);
-    plan->cls = first_tile && config_.model.sink_tokens > 0 ? BlockClass::kSink : BlockClass::kQuant;
+    plan->cls = ClassAt(sq.sealed_tiles());
     plan->ids = sq.tail_ids;
     plan->ids.insert(plan->ids.end(), ids.begin(), ids.end());
-    plan->hash = ChainHash(sq.last_hash, tenants_[(*s)->tenant].ns, plan->ids);
-    plan->parent = LastBlock(sq);
-    BlockPool& pool = pools_.pool(plan->cls);
-    if (const std::optional<uint32_t> hit = pool.Find(plan->hash)) {
+    plan->hash = ChainHash(sq.last_hash, tenants_.get(s.tenant).ns, plan->ids);
+    plan->parent = sq.last_block();
+    if (const std::optional<BlockRef> hit = pools_.Find(plan->hash); hit.has_value() && hit->cls == plan->cls) {
       // The same tile is cached already: adopt it (held now, so it cannot be evicted).
-      pool.Acquire(*hit, ++tick_);
-      plan->block = BlockRef{plan->cls, *hit};
+      pools_.Acquire(*hit, ++tick_);
+      plan->block = *hit;
     } else {
-      const std::optional<uint32_t> id = AllocateBlock(plan->cls);
-      if (!id.has_value()) {
-        const BlockPool& p = pools_.pool(plan->cls);
-        if (plan->cls == BlockClass::kQuant) {
-          return absl::ResourceExhaustedError(absl::StrCat("no free quantized block: all ", p.total(),
-                                                           " are referenced; release or preempt a sequence"));
-        }
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "no free fp16 block: ", p.count(BlockState::kActive) + p.count(BlockState::kSealing),
-            " sink blocks referenced and ", tail_slots_reserved_, " tail slots reserved of ", fp16_budget_,
-            "; release or preempt a sequence"));
-      }
+      auto id = AllocateBlock(plan->cls, s.tenant);
+      if (!id.ok()) return id.status();
       plan->own_block = true;
       plan->block = BlockRef{plan->cls, *id};
     }
@@ -91,34 +73,40 @@ absl::Status KvCore::PlanAppend(SessionRef ref, SequenceId seq, std::span<const 
     plan->ids.assign(ids.begin(), ids.end());
   }
   sq.busy = true;
+  sessions_.Renew(s, clock_->Now());
   return absl::OkStatus();
 }
 
-absl::StatusOr<AppendResult> KvCore::AppendImpl(SessionRef ref, SequenceId seq,
-                                                std::span<const uint32_t> token_ids,
+absl::StatusOr<AppendResult> KvCore::AppendImpl(const SessionRef& ref, SequenceId seq, std::span<const uint32_t> token_ids,
                                                 const void* keys, const void* values, DType dtype) {
   AppendPlan plan;
   {
-    absl::MutexLock lock(&mu_);
-    if (absl::Status s = PlanAppend(ref, seq, token_ids, &plan); !s.ok()) return s;
+    Locked lock(this);
+    auto s = sessions_.Find(ref);
+    if (!s.ok()) return s.status();
+    if (draining_) return absl::UnavailableError("draining: continue the sequence elsewhere");
+    if (absl::Status st = PlanAppend(**s, seq, token_ids, &plan); !st.ok()) return st;
   }
   absl::Status work = AppendWork(plan, keys, values, dtype);
-  absl::MutexLock lock(&mu_);
+  Locked lock(this);
   return FinishAppend(plan, work);
 }
 
-std::vector<absl::StatusOr<AppendResult>> KvCore::AppendBatch(
-    SessionRef ref, std::span<const std::pair<SequenceId, std::span<const uint32_t>>> items) {
+absl::StatusOr<std::vector<absl::StatusOr<AppendResult>>> KvCore::AppendBatch(
+    const SessionRef& ref, std::span<const std::pair<SequenceId, std::span<const uint32_t>>> items) {
   // Same three phases as Append, each taken once for the whole batch.
   std::vector<absl::StatusOr<AppendResult>> out(items.size(), absl::UnknownError("not run"));
   std::vector<AppendPlan> plans(items.size());
   std::vector<bool> planned(items.size(), false);
   {
-    absl::MutexLock lock(&mu_);
+    Locked lock(this);
+    auto s = sessions_.Find(ref);
+    if (!s.ok()) return s.status();
+    if (draining_) return absl::UnavailableError("draining: continue the sequences elsewhere");
     for (size_t i = 0; i < items.size(); ++i) {
-      absl::Status s = PlanAppend(ref, items[i].first, items[i].second, &plans[i]);
-      if (!s.ok()) {
-        out[i] = s;
+      absl::Status st = PlanAppend(**s, items[i].first, items[i].second, &plans[i]);
+      if (!st.ok()) {
+        out[i] = st;
       } else {
         planned[i] = true;
       }
@@ -128,7 +116,7 @@ std::vector<absl::StatusOr<AppendResult>> KvCore::AppendBatch(
   for (size_t i = 0; i < items.size(); ++i) {
     if (planned[i]) work[i] = AppendWork(plans[i], nullptr, nullptr, DType::kF16);
   }
-  absl::MutexLock lock(&mu_);
+  Locked lock(this);
   for (size_t i = 0; i < items.size(); ++i) {
     if (planned[i]) out[i] = FinishAppend(plans[i], work[i]);
   }
@@ -160,35 +148,34 @@ absl::Status KvCore::AppendWork(const AppendPlan& plan, const void* keys, const 
 
 absl::StatusOr<AppendResult> KvCore::FinishAppend(const AppendPlan& plan, absl::Status work) {
   Sequence& q = sequences_.at(plan.seq);
-  q.busy = false;
   q.pending.reset();
-  BlockPool& pool = pools_.pool(plan.cls);
   if (!work.ok()) {
     if (plan.seal) {
       if (plan.own_block) {
-        pool.Abort(plan.block.id);
+        pools_.Abort(plan.block);
       } else {
-        pool.Release(plan.block.id, ++tick_);
+        pools_.Release(plan.block, ++tick_);
       }
     }
   } else if (plan.seal) {
     BlockRef block = plan.block;
     if (plan.own_block) {
-      if (const std::optional<uint32_t> dup = pool.Find(plan.hash)) {
+      if (const std::optional<BlockRef> dup = pools_.Find(plan.hash); dup.has_value() && dup->cls == block.cls) {
         // Another sequence sealed the same tile meanwhile: share that one.
-        pool.Abort(block.id);
-        pool.Acquire(*dup, ++tick_);
-        block.id = *dup;
+        pools_.Abort(block);
+        pools_.Acquire(*dup, ++tick_);
+        block = *dup;
         ++counters_.dedup_seals;
       } else {
-        pools_.Publish(block, plan.hash, plan.parent, plan.tenant);
+        KVARN_CHECK(!dup.has_value(), "a tile's hash names one chain position, hence one block class");
+        pools_.Publish(block, plan.hash, plan.parent);
         BlockEvent e;
         e.kind = BlockEvent::Kind::kStored;
         e.hash = plan.hash;
         e.parent_hash = q.last_hash;
         e.block = block.id;
         e.fp16 = block.cls == BlockClass::kSink;
-        e.tenant = plan.tenant;
+        e.tenant = pools_.info(block).tenant;
         events_.Append(e);
         ++(block.cls == BlockClass::kSink ? counters_.sink_seals : counters_.seals);
       }
@@ -211,12 +198,7 @@ absl::StatusOr<AppendResult> KvCore::FinishAppend(const AppendPlan& plan, absl::
     q.tail_ids.insert(q.tail_ids.end(), plan.ids.begin(), plan.ids.end());
     q.tokens += static_cast<uint64_t>(plan.n);
   }
-  if (q.doomed) {
-    const SessionId session = q.session;
-    ReleaseSequence(q);
-    FinishSessionIfDone(session);
-    return absl::NotFoundError("the session ended while the append ran; its sequences are released");
-  }
+  if (EndCall(q)) return absl::NotFoundError("the session ended while the append ran; its sequences are released");
   if (!work.ok()) return work;
   AppendResult r;
   r.table = TableOf(q, /*with_blocks=*/plan.seal);
@@ -224,14 +206,14 @@ absl::StatusOr<AppendResult> KvCore::FinishAppend(const AppendPlan& plan, absl::
   return r;
 }
 
-absl::StatusOr<CreateResult> KvCore::Fork(SessionRef ref, SequenceId seq) {
+absl::StatusOr<CreateResult> KvCore::Fork(const SessionRef& ref, SequenceId seq) {
   uint8_t* src = nullptr;
   uint8_t* dst = nullptr;
   int tokens = 0;
   SequenceId child_id = 0;
   {
-    absl::MutexLock lock(&mu_);
-    auto s = FindSession(ref);
+    Locked lock(this);
+    auto s = sessions_.Find(ref);
     if (!s.ok()) return s.status();
     auto q = FindSequence(*s, seq);
     if (!q.ok()) return q.status();
@@ -242,12 +224,13 @@ absl::StatusOr<CreateResult> KvCore::Fork(SessionRef ref, SequenceId seq) {
     if (session.free_slots.empty()) {
       return absl::ResourceExhaustedError(absl::StrCat("all ", session.slots, " tail slots of this session are in use; release a sequence"));
     }
+    sessions_.Renew(session, clock_->Now());
     Sequence child = parent;
     child.id = next_sequence_++;
     child.tail_slot = session.free_slots.back();
     session.free_slots.pop_back();
-    if (child.has_sink) pools_.pool(BlockClass::kSink).Acquire(child.sink, ++tick_);
-    for (uint32_t b : child.quant) pools_.pool(BlockClass::kQuant).Acquire(b, ++tick_);
+    if (child.has_sink) pools_.Acquire({BlockClass::kSink, child.sink}, ++tick_);
+    for (uint32_t b : child.quant) pools_.Acquire({BlockClass::kQuant, b}, ++tick_);
     src = SlotPtr(session, parent.tail_slot);
     dst = SlotPtr(session, child.tail_slot);
     tokens = static_cast<int>(parent.tail_tokens);
@@ -257,63 +240,67 @@ absl::StatusOr<CreateResult> KvCore::Fork(SessionRef ref, SequenceId seq) {
     sequences_.emplace(child.id, std::move(child));
   }
   const absl::Status copied = sealer_->CopyTail(src, dst, tokens);
-  absl::MutexLock lock(&mu_);
-  Sequence& parent = sequences_.at(seq);
+  Locked lock(this);
   Sequence& child = sequences_.at(child_id);
-  parent.busy = child.busy = false;
   CreateResult r;
   r.sequence = child_id;
   r.cached_tokens = child.tokens;
   r.table = TableOf(child);
-  const SessionId session = parent.session;
-  const bool doomed = parent.doomed;
-  if (!copied.ok() || doomed) ReleaseSequence(child);
-  if (doomed) {
-    ReleaseSequence(sequences_.at(seq));
-    FinishSessionIfDone(session);
-    return absl::NotFoundError("the session ended while the fork ran");
-  }
+  // The child dies with a failed copy; both die if the session ended meanwhile.
+  if (!copied.ok()) child.doomed = true;
+  EndCall(child);
+  const bool parent_gone = EndCall(sequences_.at(seq));
+  if (parent_gone) return absl::NotFoundError("the session ended while the fork ran");
   if (!copied.ok()) return copied;
   return r;
 }
 
-absl::Status KvCore::Read(SessionRef ref, SequenceId seq, uint32_t layer, uint64_t start,
-                          uint32_t count, float* keys, float* values) {
-  absl::MutexLock lock(&mu_);
-  auto s = FindSession(ref);
-  if (!s.ok()) return s.status();
-  auto found = FindSequence(*s, seq);
-  if (!found.ok()) return found.status();
-  const Sequence& q = **found;
+absl::Status KvCore::Read(const SessionRef& ref, SequenceId seq, uint32_t layer, uint64_t start, uint32_t count,
+                          float* keys, float* values) {
   if (layer >= config_.model.num_layers) {
     return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " out of range (", config_.model.num_layers, " layers)"));
   }
   if (count == 0 || count > config_.max_read_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("count must be in 1..", config_.max_read_tokens));
   }
-  if (start > q.tokens || count > q.tokens - start) {
-    return absl::InvalidArgumentError(absl::StrCat("tokens [", start, ", ", start + count, ") beyond the sequence's ", q.tokens));
-  }
-  if (q.busy) return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " has a call in flight"));
   const uint64_t g = static_cast<uint64_t>(preset_.tile_tokens);
-  const size_t d = layout_.head_dim, heads = layout_.num_kv_heads;
-  const uint64_t sealed = (q.has_sink ? 1 : 0) + q.quant.size();
-  std::vector<float> tk(layout_.tile_elems()), tv(layout_.tile_elems());
-  for (uint64_t tile = start / g; tile * g < start + count; ++tile) {
-    const uint8_t* src;
-    bool fp16 = true;
-    if (tile < sealed && q.has_sink && tile == 0) {
-      src = BlockPtr({BlockClass::kSink, q.sink});
-    } else if (tile < sealed) {
-      src = BlockPtr({BlockClass::kQuant, q.quant[tile - (q.has_sink ? 1 : 0)]});
-      fp16 = false;
-    } else {
-      src = SlotPtr(**s, q.tail_slot);
+  struct Source {
+    const uint8_t* block;
+    bool fp16;
+  };
+  std::vector<Source> tiles;
+  {
+    Locked lock(this);
+    auto s = sessions_.Find(ref);
+    if (!s.ok()) return s.status();
+    auto found = FindSequence(*s, seq);
+    if (!found.ok()) return found.status();
+    Sequence& q = **found;
+    if (start > q.tokens || count > q.tokens - start) {
+      return absl::InvalidArgumentError(absl::StrCat("tokens [", start, ", ", start + count, ") beyond the sequence's ", q.tokens));
     }
+    if (q.busy) return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " has a call in flight"));
+    const uint64_t sealed = q.sealed_tiles();
+    for (uint64_t tile = start / g; tile * g < start + count; ++tile) {
+      if (tile < sealed && q.has_sink && tile == 0) {
+        tiles.push_back({BlockPtr({BlockClass::kSink, q.sink}), true});
+      } else if (tile < sealed) {
+        tiles.push_back({BlockPtr({BlockClass::kQuant, q.quant[tile - (q.has_sink ? 1 : 0)]}), false});
+      } else {
+        tiles.push_back({SlotPtr(**s, q.tail_slot), true});
+      }
+    }
+    q.busy = true;  // its blocks and slot stay put while we decode
+  }
+  const size_t d = layout_.head_dim, heads = layout_.num_kv_heads;
+  std::vector<float> tk(layout_.tile_elems()), tv(layout_.tile_elems());
+  absl::Status decoded;
+  for (size_t i = 0; i < tiles.size() && decoded.ok(); ++i) {
+    const uint64_t tile = start / g + i;
     const uint64_t lo = std::max(start, tile * g), hi = std::min(start + count, (tile + 1) * g);
-    for (size_t h = 0; h < heads; ++h) {
-      absl::Status st = sealer_->DecodeTile(src, fp16, static_cast<int>(layer), static_cast<int>(h), tk.data(), tv.data());
-      if (!st.ok()) return st;
+    for (size_t h = 0; h < heads && decoded.ok(); ++h) {
+      decoded = sealer_->DecodeTile(tiles[i].block, tiles[i].fp16, static_cast<int>(layer), static_cast<int>(h), tk.data(), tv.data());
+      if (!decoded.ok()) break;
       for (uint64_t t = lo; t < hi; ++t) {
         const size_t out = ((t - start) * heads + h) * d, in = (t - tile * g) * d;
         std::copy_n(tk.data() + in, d, keys + out);
@@ -321,7 +308,9 @@ absl::Status KvCore::Read(SessionRef ref, SequenceId seq, uint32_t layer, uint64
       }
     }
   }
-  return absl::OkStatus();
+  Locked lock(this);
+  if (EndCall(sequences_.at(seq))) return absl::NotFoundError("the session ended while the read ran");
+  return decoded;
 }
 
 }  // namespace kvarn

@@ -15,8 +15,7 @@ class HeapRegion final : public Region {
   ~HeapRegion() override { std::free(data_); }
   uint8_t* data() const override { return data_; }
   size_t size() const override { return size_; }
-  void Discard(size_t offset, size_t len) override { std::memset(data_ + offset, 0, len); }
-  SegmentInfo Describe() const override { return SegmentInfo{"", size_, "", -1}; }
+  SegmentInfo Describe() const override { return SegmentInfo{size_, "", -1, 0}; }
 
  private:
   uint8_t* data_;
@@ -25,11 +24,11 @@ class HeapRegion final : public Region {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Region>> HeapBackend::Create(RegionKind, size_t bytes, int) {
-  const size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+absl::StatusOr<std::unique_ptr<Region>> HeapBackend::Create(RegionKind, size_t bytes) {
+  const size_t rounded = bytes == 0 ? 64 : (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
   if (p == nullptr) return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes"));
-  std::memset(p, 0, rounded == 0 ? 64 : rounded);
+  std::memset(p, 0, rounded);
   return std::unique_ptr<Region>(new HeapRegion(static_cast<uint8_t*>(p), bytes));
 }
 

@@ -8,9 +8,13 @@
 #define KVARN_DAEMON_CORE_SEALER_H_
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 
 #include "absl/status/status.h"
+#include "kernels/block_layout.h"
 #include "kernels/codec.h"
+#include "kernels/preset.h"
 
 namespace kvarn {
 
@@ -41,6 +45,9 @@ class Sealer {
   // sampled quantization-error metric. Negative when unavailable.
   virtual double SampleError(const uint8_t* slot, const uint8_t* block, int layer, int head) = 0;
 };
+
+// Builds the sealer of a pool (the backend decides which: CPU codec or CUDA kernels).
+using SealerFactory = std::function<std::unique_ptr<Sealer>(const Preset&, const BlockLayout&)>;
 
 }  // namespace kvarn
 

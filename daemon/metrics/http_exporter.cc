@@ -119,10 +119,11 @@ std::string Serialize(const Reply& reply, bool include_body) {
 struct HttpExporter::Connection {
   enum class State { kReading, kWriting, kLingering };
 
-  explicit Connection(UniqueFd socket, Clock::time_point read_deadline)
-      : fd(std::move(socket)), deadline(read_deadline) {}
+  Connection(UniqueFd socket, Clock::time_point accept_time, Clock::time_point read_deadline)
+      : fd(std::move(socket)), accepted(accept_time), deadline(read_deadline) {}
 
   UniqueFd fd;
+  const Clock::time_point accepted;
   State state = State::kReading;
   Clock::time_point deadline;  // the connection is dropped when it passes
   std::string received;        // the request so far, at most max_request_bytes + 1
@@ -182,13 +183,17 @@ void HttpExporter::Stop() {
 
 void HttpExporter::Serve() {
   const size_t max_connections = static_cast<size_t>(options_.max_connections);
-  std::vector<std::unique_ptr<Connection>> connections;
+  std::vector<std::unique_ptr<Connection>> connections;  // in accept order
   std::vector<pollfd> polled;
   Clock::time_point accept_paused_until = Clock::time_point::min();
 
   while (true) {
     Clock::time_point now = Clock::now();
-    const bool accepting = connections.size() < max_connections && now >= accept_paused_until;
+    // A full table still accepts while some connection lacks its request head: that one can
+    // be dropped for the newcomer. A table of responses being written or lingering cannot.
+    const bool accepting = now >= accept_paused_until &&
+                           (connections.size() < max_connections ||
+                            std::any_of(connections.begin(), connections.end(), IsReading));
     polled.clear();
     polled.push_back({wake_.get(), POLLIN, 0});
     polled.push_back({listener_.get(), static_cast<short>(accepting ? POLLIN : 0), 0});
@@ -222,11 +227,28 @@ void HttpExporter::Serve() {
     std::erase(connections, nullptr);
 
     if (accepting && (polled[1].revents & POLLIN) != 0) {
-      while (connections.size() < max_connections) {
+      // Room is made only in a table that is full once this round's events are handled. One
+      // filled by this round's accepts may hold answered connections whose peers have closed
+      // already; the next round reaps those instead of dropping someone's request.
+      const bool make_room = connections.size() >= max_connections;
+      // At most a table's worth per round, so a connect flood cannot keep the loop from the
+      // connections already open.
+      for (size_t taken = 0; taken < max_connections;) {
+        const bool full = connections.size() >= max_connections;
+        if (full &&
+            (!make_room || std::none_of(connections.begin(), connections.end(), IsReading))) {
+          break;
+        }
         const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd >= 0) {
-          connections.push_back(std::make_unique<Connection>(
-              UniqueFd(fd), now + ToClockDuration(options_.read_timeout)));
+          ++taken;
+          // Only now, with a client in hand, is a slot taken from a connection still reading.
+          if (full) DropOldestReading(connections);
+          auto connection = std::make_unique<Connection>(
+              UniqueFd(fd), now, now + ToClockDuration(options_.read_timeout));
+          // A scraper sends its request right after connecting: read it now, so it is
+          // answered in this round and not left to be displaced by connections behind it.
+          if (Advance(*connection, now)) connections.push_back(std::move(connection));
           continue;
         }
         if (errno == EINTR || errno == ECONNABORTED) continue;
@@ -237,6 +259,22 @@ void HttpExporter::Serve() {
       }
     }
   }
+}
+
+bool HttpExporter::IsReading(const std::unique_ptr<Connection>& connection) {
+  return connection->state == Connection::State::kReading;
+}
+
+void HttpExporter::DropOldestReading(std::vector<std::unique_ptr<Connection>>& connections) {
+  auto oldest = connections.end();
+  for (auto it = connections.begin(); it != connections.end(); ++it) {
+    // Strictly older: among equal accept times the earlier in the table was accepted first.
+    if (IsReading(*it) && (oldest == connections.end() || (*it)->accepted < (*oldest)->accepted)) {
+      oldest = it;
+    }
+  }
+  // Closes it without a response, as its read deadline would have.
+  if (oldest != connections.end()) connections.erase(oldest);
 }
 
 bool HttpExporter::Advance(Connection& connection, Clock::time_point now) {

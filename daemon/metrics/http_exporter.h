@@ -7,10 +7,13 @@
 // keep-alive, and it keeps the server free of per-connection request loops.
 //
 // One thread runs a poll(2) loop over non-blocking sockets, so a client that connects and
-// sends nothing, or stops reading the response, costs one connection slot until its
-// deadline, never the attention of the server: other scrapes proceed meanwhile. Requests are
-// bounded in size and time (Options). The registry is serialized on that thread, so its
-// callbacks run there.
+// sends nothing, or stops reading the response, costs at most one connection slot, never the
+// attention of the server: other scrapes proceed meanwhile. Requests are bounded in size and
+// time (Options). The registry is serialized on that thread, so its callbacks run there.
+//
+// A flood of idle connections does not delay a scrape by any timeout: when the table is full
+// the oldest connection still waiting for its request head makes room (see
+// Options::max_connections).
 //
 // Thread safety: port() and Stop() may be called from any thread.
 #ifndef KVARN_DAEMON_METRICS_HTTP_EXPORTER_H_
@@ -22,14 +25,15 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/unique_fd.h"
 #include "daemon/metrics/http_request.h"
 #include "daemon/metrics/registry.h"
-#include "daemon/metrics/unique_fd.h"
 
 namespace kvarn::metrics {
 
@@ -45,15 +49,26 @@ class HttpExporter {
     // about 300 bytes; 8 KiB is the common server default and bounds per-client memory.
     size_t max_request_bytes = 8 * 1024;
     // Time from accepting a connection to having its whole request head. A client that
-    // connects and sends nothing holds a slot this long; Prometheus sends at once.
+    // connects and sends nothing holds a slot at most this long, less when the slot is
+    // needed (max_connections); Prometheus sends at once.
     absl::Duration read_timeout = absl::Seconds(10);
     // Time to hand over the whole response; a client that stops reading is dropped. Generous
     // because a large registry on a slow link is still a legitimate scrape.
     absl::Duration write_timeout = absl::Seconds(30);
-    // Connections open at once. Further clients wait in the kernel's accept queue until a
-    // slot frees, so a flood of idle connections delays scrapes by at most read_timeout.
+    // Connections open at once. When all are open and a client waits in the accept queue,
+    // the connection that has waited longest without a whole request head (reading, earliest
+    // accepted) is closed unanswered, the client is accepted, and its request is read in the
+    // same poll round. Hence idle connections delay a scrape by no timeout, only by accepting
+    // the clients queued ahead of it (up to max_connections per round, rounds back to back),
+    // and a scrape whose request has arrived when it is accepted is answered in that round.
+    // A reading connection keeps its slot until it is the oldest reading one and another
+    // client arrives while the table is full. Connections writing or lingering over a
+    // response are never closed for room: while every slot holds one, no client is accepted
+    // until one of them finishes or reaches its deadline, at most write_timeout later.
     int max_connections = 64;
-    // listen(2) backlog: connections the kernel queues beyond max_connections.
+    // listen(2) backlog: connections the kernel queues beyond max_connections. A connect
+    // that finds this queue full (a burst of more than backlog at once) is not queued; the
+    // client's TCP retries it, the first time after about 1 s.
     int backlog = 128;
   };
 
@@ -88,6 +103,11 @@ class HttpExporter {
   void Serve();
   // Moves `connection` as far along as its socket allows. False when it is finished.
   bool Advance(Connection& connection, std::chrono::steady_clock::time_point now);
+  // Whether `connection` still waits for (the rest of) its request head.
+  static bool IsReading(const std::unique_ptr<Connection>& connection);
+  // Closes and removes the reading connection accepted earliest, to make room for a
+  // newcomer. REQUIRES: some connection in `connections` is reading (else it does nothing).
+  static void DropOldestReading(std::vector<std::unique_ptr<Connection>>& connections);
   // The whole HTTP response to a parsed request head (or to the parse error).
   std::string Respond(const absl::StatusOr<HttpRequest>& parsed) const;
 

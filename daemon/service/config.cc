@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/units.h"
 
 namespace kvarn {
 namespace {
@@ -70,6 +71,22 @@ Key Str(const char* help, std::string DaemonConfig::*field) {
           }};
 }
 
+Key Bool(const char* help, bool DaemonConfig::*field) {
+  return {help, [field, help](const std::string& v, DaemonConfig* c) {
+            if (v != "true" && v != "false") return Bad(help, v, "true or false");
+            c->*field = v == "true";
+            return absl::OkStatus();
+          }};
+}
+
+Key CoreBool(const char* help, bool CoreConfig::*field) {
+  return {help, [field, help](const std::string& v, DaemonConfig* c) {
+            if (v != "true" && v != "false") return Bad(help, v, "true or false");
+            c->core.*field = v == "true";
+            return absl::OkStatus();
+          }};
+}
+
 Key Int(const char* help, int DaemonConfig::*field, int lo, int hi) {
   return {help, [=](const std::string& v, DaemonConfig* c) {
             int x;
@@ -99,7 +116,12 @@ const std::map<std::string, Key>& Keys() {
                       c->core.capacity_bytes = *b;
                       return absl::OkStatus();
                     }}},
-      {"fp16_share", Double("share of the capacity for fp16 sink blocks and tail slots (default 0.25)", &CoreConfig::fp16_share)},
+      {"fp16_share", Double("share of the capacity for fp16 blocks: sink blocks and tail slots (default 0.25)", &CoreConfig::fp16_share)},
+      {"sink_share", Double("share of the fp16 blocks that are sink blocks; the rest are tail slots (default 0.25)", &CoreConfig::sink_share)},
+      {"tenant_max_sessions", UInt("sessions a tenant may hold when it sets no quota (default 256)", &CoreConfig::tenant_max_sessions)},
+      {"tenant_max_watchers", UInt("Watch streams a tenant may hold when it sets no quota (default 16)", &CoreConfig::tenant_max_watchers)},
+      {"max_observer_sessions", UInt("observer sessions (status tools) open at once, all tenants (default 64)", &CoreConfig::max_observer_sessions)},
+      {"max_watchers", UInt("Watch streams open at once, all tenants (default 256)", &CoreConfig::max_watchers)},
       {"high_watermark", Double("evict cached blocks above this share in use (default 0.95)", &CoreConfig::high_watermark)},
       {"low_watermark", Double("... down to this share (default 0.90)", &CoreConfig::low_watermark)},
       {"keepalive_ms", Millis("client keep-alive interval, ms (default 1000)", &CoreConfig::keepalive_interval)},
@@ -112,27 +134,47 @@ const std::map<std::string, Key>& Keys() {
                                 c->core.tenant_salt_secret = v;
                                 return absl::OkStatus();
                               }}},
-      {"share_across_tenants", {"true: tenants share prefix-cache entries (default false)", [](const std::string& v, DaemonConfig* c) {
-                                  if (v != "true" && v != "false") return Bad("share_across_tenants", v, "true or false");
-                                  c->core.share_across_tenants = v == "true";
-                                  return absl::OkStatus();
-                                }}},
-      {"check_commits", {"true: scan committed tokens for NaN/Inf at every commit; false: only when their tile seals (default true)",
-                         [](const std::string& v, DaemonConfig* c) {
-                           if (v != "true" && v != "false") return Bad("check_commits", v, "true or false");
-                           c->core.check_commits = v == "true";
-                           return absl::OkStatus();
-                         }}},
+      {"share_across_tenants", CoreBool("without a tenants file: true lets all tenant labels share prefix-cache entries (default false)", &CoreConfig::share_across_tenants)},
+      {"check_commits", CoreBool("true: scan committed tokens for NaN/Inf at every commit; false: only when their tile seals (default true)", &CoreConfig::check_commits)},
       {"admin_token", {"token granting admin operations (default none)", [](const std::string& v, DaemonConfig* c) {
                          c->core.admin_token = v;
                          return absl::OkStatus();
                        }}},
       {"admin_token_file", Str("write the admin token here at start, mode 0600", &DaemonConfig::admin_token_file)},
-      {"instance", Str("instance name; names shared-memory segments (default kvarnd)", &DaemonConfig::instance)},
+      {"instance", Str("instance name, for logs and /proc/<pid>/maps (default kvarnd)", &DaemonConfig::instance)},
       {"backend", Str("host, cuda or auto (default host)", &DaemonConfig::backend)},
       {"cuda_device", Int("CUDA device ordinal (default 0)", &DaemonConfig::cuda_device, 0, 63)},
       {"listen", Str("Unix socket path, empty disables (default /tmp/kvarnd.sock)", &DaemonConfig::listen)},
-      {"tcp", Str("host:port for gRPC over TCP, empty disables (default empty)", &DaemonConfig::tcp)},
+      {"socket_mode", {"permissions of the Unix socket and its descriptor channel, octal (default 0600: this uid only)",
+                       [](const std::string& v, DaemonConfig* c) {
+                         uint32_t x = 0;
+                         if (v.empty() || v.size() > 4 || v.find_first_not_of("01234567") != std::string::npos) {
+                           return Bad("socket_mode", v, "an octal mode such as 0600 or 0660");
+                         }
+                         for (char ch : v) x = x * 8 + static_cast<uint32_t>(ch - '0');
+                         if ((x & 0600) != 0600 || (x & 0007) != 0) return Bad("socket_mode", v, "a mode with owner rw and no access for others");
+                         c->socket_mode = x;
+                         return absl::OkStatus();
+                       }}},
+      {"tcp", Str("host:port for gRPC over TCP, empty disables (default empty); not loopback needs TLS", &DaemonConfig::tcp)},
+      {"tls_cert", Str("PEM certificate chain for TCP (default none)", &DaemonConfig::tls_cert)},
+      {"tls_key", Str("PEM private key for TCP (default none)", &DaemonConfig::tls_key)},
+      {"tls_client_ca", Str("PEM CA that client certificates must chain to: mutual TLS (default none)", &DaemonConfig::tls_client_ca)},
+      {"allow_insecure_tcp", Bool("true: serve a non-loopback TCP address without TLS (default false; logs a warning)", &DaemonConfig::allow_insecure_tcp)},
+      {"tenants_file", Str("tenants with token hashes and quotas, mode 0600; reloaded on SIGHUP (default none: one trust domain)", &DaemonConfig::tenants_file)},
+      {"max_batch_items", {"items of one AppendBatch (default 4096)", [](const std::string& v, DaemonConfig* c) {
+                             uint32_t x;
+                             if (!absl::SimpleAtoi(v, &x) || x < 1 || x > 65536) return Bad("max_batch_items", v, "an integer in 1..65536");
+                             c->max_batch_items = x;
+                             return absl::OkStatus();
+                           }}},
+      {"watch_poll_ms", {"longest a Watch stream waits before it notices its session ended, ms (default 200)",
+                         [](const std::string& v, DaemonConfig* c) {
+                           int64_t x;
+                           if (!absl::SimpleAtoi(v, &x) || x < 1 || x > 60000) return Bad("watch_poll_ms", v, "1..60000 milliseconds");
+                           c->watch_poll = absl::Milliseconds(x);
+                           return absl::OkStatus();
+                         }}},
       {"metrics", Str("host:port of the Prometheus /metrics endpoint, empty disables (default 127.0.0.1:9464)", &DaemonConfig::metrics)},
       {"seal_threads", Int("threads quantizing one block (default 1)", &DaemonConfig::seal_threads, 1, 256)},
       {"max_message_mb", Int("largest gRPC message accepted, MiB (default 64)", &DaemonConfig::max_message_mb, 1, 1024)},
@@ -155,26 +197,6 @@ absl::Status Apply(const std::string& key, const std::string& value, DaemonConfi
 }
 
 }  // namespace
-
-absl::StatusOr<uint64_t> ParseBytes(const std::string& s) {
-  static const std::pair<const char*, uint64_t> kUnits[] = {
-      {"KiB", 1ull << 10}, {"MiB", 1ull << 20}, {"GiB", 1ull << 30}, {"TiB", 1ull << 40},
-      {"KB", 1000ull}, {"MB", 1000000ull}, {"GB", 1000000000ull}, {"B", 1}};
-  std::string num = s;
-  uint64_t mult = 1;
-  for (const auto& [unit, m] : kUnits) {
-    if (absl::EndsWith(s, unit)) {
-      num = s.substr(0, s.size() - std::string(unit).size());
-      mult = m;
-      break;
-    }
-  }
-  double x;
-  if (!absl::SimpleAtod(num, &x) || x <= 0 || x * static_cast<double>(mult) > 1.8e19) {
-    return absl::InvalidArgumentError(absl::StrCat("'", s, "' is not a size such as 512MiB"));
-  }
-  return static_cast<uint64_t>(x * static_cast<double>(mult));
-}
 
 absl::Status ApplyConfigText(const std::string& text, DaemonConfig* c) {
   std::istringstream in(text);
@@ -246,6 +268,11 @@ absl::StatusOr<DaemonConfig> ParseDaemonConfig(const std::vector<std::string>& a
     return absl::InvalidArgumentError(absl::StrCat("backend: '", c.backend, "' is not host, cuda or auto"));
   }
   if (c.listen.empty() && c.tcp.empty()) return absl::InvalidArgumentError("listen and tcp are both empty: nothing to serve on");
+  if (c.tls_cert.empty() != c.tls_key.empty()) return absl::InvalidArgumentError("tls_cert and tls_key go together");
+  if (!c.tls_client_ca.empty() && c.tls_cert.empty()) return absl::InvalidArgumentError("tls_client_ca needs tls_cert and tls_key");
+  if (!c.tenants_file.empty() && c.core.share_across_tenants) {
+    return absl::InvalidArgumentError("share_across_tenants applies without a tenants file only; name a group in the tenants file");
+  }
   return c;
 }
 

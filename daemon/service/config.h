@@ -14,15 +14,26 @@ namespace kvarn {
 
 struct DaemonConfig {
   CoreConfig core;
-  std::string instance = "kvarnd";          // names shared-memory segments; one per daemon
+  std::string instance = "kvarnd";          // names the daemon in logs and its segments in /proc/<pid>/maps
   std::string backend = "host";             // host, cuda or auto
   int cuda_device = 0;
   std::string listen = "/tmp/kvarnd.sock";  // Unix domain socket path ("" disables)
+  uint32_t socket_mode = 0600;              // of the Unix socket and its descriptor channel
   std::string tcp;                          // host:port for TCP ("" disables)
+  // TLS for TCP: certificate chain and private key (PEM files); with a client CA, clients must
+  // present a certificate it signed (mutual TLS). A TCP address that is not loopback needs
+  // TLS unless allow_insecure_tcp.
+  std::string tls_cert, tls_key, tls_client_ca;
+  bool allow_insecure_tcp = false;
+  // Tenants file (core/tenants.h): authenticated tenants and their quotas; reloaded on SIGHUP.
+  // Empty: one trust domain.
+  std::string tenants_file;
   std::string metrics = "127.0.0.1:9464";   // host:port of /metrics ("" disables)
   std::string admin_token_file;             // written at start (mode 0600) when admin_token is set
   int seal_threads = 1;                     // encode workers per seal
-  int max_message_mb = 64;                  // gRPC receive limit
+  int max_message_mb = 64;                  // gRPC receive limit; also bounds one AppendInline
+  uint32_t max_batch_items = 4096;          // items of one AppendBatch
+  absl::Duration watch_poll = absl::Milliseconds(200);  // Watch hub's longest wait
   std::string log_level = "info";
   absl::Duration expiry_scan = absl::Milliseconds(50);  // lease check period
   absl::Duration drain = absl::Seconds(2);  // SIGTERM: in-flight calls get this long
@@ -36,9 +47,6 @@ absl::StatusOr<DaemonConfig> ParseDaemonConfig(const std::vector<std::string>& a
 absl::Status ApplyConfigText(const std::string& text, DaemonConfig* config);
 
 std::string DaemonHelp();
-
-// "64MiB", "2GiB", "1000000" -> bytes.
-absl::StatusOr<uint64_t> ParseBytes(const std::string& s);
 
 }  // namespace kvarn
 

@@ -1,5 +1,6 @@
 #include "daemon/service/convert.h"
 
+#include <algorithm>
 #include <string>
 
 namespace kvarn {
@@ -29,7 +30,12 @@ void ToProto(const ModelConfig& m, v1::ModelLayout* out) {
   out->set_sink_tokens(m.sink_tokens);
 }
 
-SessionRef FromProto(const v1::SessionRef& r) { return SessionRef{r.session_id(), r.epoch()}; }
+SessionRef FromProto(const v1::SessionRef& r) {
+  SessionRef ref{r.session_id(), r.epoch(), {}};
+  // A secret of the wrong length stays all zeros, which no session has: NOT_FOUND.
+  if (r.secret().size() == ref.secret.size()) std::copy(r.secret().begin(), r.secret().end(), ref.secret.begin());
+  return ref;
+}
 
 void ToProto(const BlockTableView& t, v1::BlockTable* out) {
   out->set_tokens(t.tokens);
@@ -42,15 +48,11 @@ void ToProto(const BlockTableView& t, v1::BlockTable* out) {
 }
 
 namespace {
-void ToProto(const SegmentInfo& s, uint32_t blocks, v1::Segment* out) {
-  out->set_name(s.name);
-  out->set_bytes(s.bytes);
-  out->set_cuda_ipc_handle(s.cuda_ipc_handle);
-  out->set_cuda_device(s.cuda_device);
+void SetSegment(uint64_t bytes, uint32_t blocks, v1::Segment* out) {
+  out->set_bytes(bytes);
   out->set_block_offset(0);
   out->set_first_block(0);
   out->set_blocks(blocks);
-  out->set_device_pointer(s.device_pointer);
 }
 }  // namespace
 
@@ -61,9 +63,9 @@ void ToProto(const PoolView& p, const ModelConfig& model, v1::PoolDescription* o
   out->set_record_bytes(p.record_bytes);
   out->set_quant_block_bytes(p.quant_block_bytes);
   out->set_fp16_block_bytes(p.fp16_block_bytes);
-  ToProto(p.quant_segment, p.quant_blocks, out->add_quant_segments());
-  if (p.sink_blocks > 0) ToProto(p.sink_segment, p.sink_blocks, out->add_sink_segments());
-  ToProto(p.tail_segment, p.tail_slots, out->mutable_tail_segment());
+  SetSegment(p.quant_bytes, p.quant_blocks, out->add_quant_segments());
+  if (p.sink_blocks > 0) SetSegment(p.sink_bytes, p.sink_blocks, out->add_sink_segments());
+  SetSegment(p.tail_bytes, p.tail_slots, out->mutable_tail_segment());
   out->set_tail_slots(p.tail_slots);
   out->set_epoch(p.epoch);
   out->set_daemon_pid(p.daemon_pid);
@@ -76,7 +78,7 @@ void ToProto(const CoreStats& s, const std::string& preset, v1::StatsResponse* o
   out->set_free_bytes(s.capacity_bytes - std::min(s.capacity_bytes, s.UsedBytes()));
   out->set_active_bytes(s.ActiveBytes());
   out->set_cached_bytes(s.CachedBytes());
-  out->set_fp16_bytes(s.Fp16Bytes());
+  out->set_fp16_bytes(uint64_t{s.sink_total - s.sink_free} * s.fp16_block_bytes + s.TailBytes());
   out->set_quant_blocks_total(s.quant_total);
   out->set_quant_blocks_free(s.quant_free);
   out->set_quant_blocks_active(s.quant_active);
@@ -103,6 +105,18 @@ void ToProto(const CoreStats& s, const std::string& preset, v1::StatsResponse* o
     o->set_sequences(i.sequences);
     o->set_tail_slots(i.tail_slots);
     o->set_connected(i.connected);
+  }
+  for (const TenantReport& t : s.tenants) {
+    auto* o = out->add_tenants();
+    o->set_tenant(t.name);
+    o->set_sessions(t.usage.sessions);
+    o->set_max_sessions(t.quota.max_sessions);
+    o->set_tail_slots(t.usage.tail_slots);
+    o->set_max_tail_slots(t.quota.max_tail_slots);
+    o->set_cache_bytes(t.usage.cache_bytes);
+    o->set_max_cache_bytes(t.quota.max_cache_bytes);
+    o->set_watchers(t.usage.watchers);
+    o->set_max_watchers(t.quota.max_watchers);
   }
 }
 

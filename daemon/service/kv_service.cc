@@ -24,7 +24,9 @@ void FillAppend(const AppendResult& r, v1::AppendResponse* resp) {
 }  // namespace
 
 KvService::KvService(KvCore* core, Options options, RpcObserver* observer)
-    : core_(core), options_(options), observer_(observer) {}
+    : core_(core), options_(options), observer_(observer), watch_(core, options.watch_poll) {}
+
+KvService::~KvService() { Stop(); }
 
 template <typename F>
 grpc::Status KvService::Timed(std::string_view method, F&& body) {
@@ -111,7 +113,8 @@ class KvService::KeepAliveReactor final
 };
 
 void KvService::Stop() {
-  stopping_.store(true);
+  if (stopping_.exchange(true)) return;
+  watch_.Stop();
   absl::MutexLock lock(&reactors_mu_);
   for (KeepAliveReactor* r : reactors_) r->Drain();
 }
@@ -130,6 +133,7 @@ grpc::Status KvService::Describe(grpc::ServerContext*, const v1::DescribeRequest
     resp->set_record_bytes(core_->layout().record_bytes);
     resp->set_capacity_bytes(core_->config().capacity_bytes);
     resp->set_version(KVARN_VERSION);
+    resp->set_tenants_authenticated(core_->tenants_configured());
     return grpc::Status::OK;
   });
 }
@@ -139,11 +143,11 @@ grpc::Status KvService::OpenSession(grpc::ServerContext* ctx, const v1::OpenSess
   return Timed("OpenSession", [&] {
     OpenParams p;
     p.tenant = req->tenant();
+    p.tenant_token = req->tenant_token();
     p.layout = FromProto(req->layout());
     p.max_sequences = req->max_sequences();
     p.admin_token = req->admin_token();
     p.client_name = req->client_name();
-    p.client_pid = req->client_pid();
     p.observer = req->observer();
     auto r = core_->OpenSession(p);
     if (!r.ok()) {
@@ -151,12 +155,13 @@ grpc::Status KvService::OpenSession(grpc::ServerContext* ctx, const v1::OpenSess
       return ToGrpc(r.status());
     }
     resp->set_session_id(r->session);
+    resp->set_session_secret(std::string(r->secret.begin(), r->secret.end()));
     ToProto(r->pool, core_->config().model, resp->mutable_pool());
     resp->set_keepalive_interval_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(core_->config().keepalive_interval)));
     resp->set_lease_ttl_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(core_->config().lease_ttl)));
     resp->set_grace_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(core_->config().grace)));
     Log(LogLevel::kInfo, "session_open", {{"session", r->session}, {"tenant", p.tenant}, {"client", p.client_name},
-                                          {"tail_slots", r->pool.tail_slots}});
+                                          {"client_pid", req->client_pid()}, {"tail_slots", r->pool.tail_slots}});
     return grpc::Status::OK;
   });
 }
@@ -203,7 +208,8 @@ grpc::Status KvService::AppendBatch(grpc::ServerContext*, const v1::AppendBatchR
     items.reserve(static_cast<size_t>(req->items_size()));
     for (const v1::AppendRequest& item : req->items()) items.emplace_back(item.sequence_id(), Ids(item.token_ids()));
     const auto results = core_->AppendBatch(FromProto(req->session()), items);
-    for (const auto& r : results) {
+    if (!results.ok()) return ToGrpc(results.status());
+    for (const auto& r : *results) {
       auto* out = resp->add_items();
       out->set_code(static_cast<int>(r.status().code()));
       if (!r.ok()) {
@@ -347,28 +353,8 @@ grpc::Status KvService::ListSequences(grpc::ServerContext*, const v1::ListSequen
   });
 }
 
-grpc::Status KvService::Watch(grpc::ServerContext* ctx, const v1::WatchRequest* req,
-                              grpc::ServerWriter<v1::BlockEvent>* writer) {
-  const SessionRef ref = FromProto(req->session());
-  auto scope = core_->WatchScope(ref);
-  if (!scope.ok()) return ToGrpc(scope.status());
-  const auto [all, tenant] = *scope;
-  uint64_t after = core_->events().last_seq();  // new events only
-  v1::BlockEvent out;
-  while (!ctx->IsCancelled() && !stopping_.load()) {
-    // The stream ends with its session (closed, expired, or the daemon restarted).
-    if (auto alive = core_->WatchScope(ref); !alive.ok()) return ToGrpc(alive.status());
-    bool lost = false;
-    const std::vector<BlockEvent> events = core_->events().Read(after, 256, options_.watch_poll, &lost);
-    if (lost) return grpc::Status(grpc::StatusCode::DATA_LOSS, "watcher fell behind the event log; re-sync and watch again");
-    for (const BlockEvent& e : events) {
-      after = e.seq;
-      if (!all && e.tenant != tenant) continue;
-      ToProto(e, core_->TenantName(e.tenant), &out);
-      if (!writer->Write(out)) return grpc::Status::OK;  // client went away
-    }
-  }
-  return grpc::Status::OK;
+grpc::ServerWriteReactor<v1::BlockEvent>* KvService::Watch(grpc::CallbackServerContext*, const v1::WatchRequest* req) {
+  return watch_.Open(FromProto(req->session()));
 }
 
 }  // namespace kvarn

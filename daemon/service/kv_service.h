@@ -1,7 +1,7 @@
 // The gRPC handlers of kvarn.v1.KvCache: each one validates the request's shape, calls the
 // core, and maps its absl::Status to the gRPC status of the same code. Unary calls run on
-// gRPC's synchronous thread pool (sealing may take milliseconds); the keep-alive stream is a
-// callback reactor, so thousands of idle sessions hold no threads.
+// gRPC's synchronous thread pool (sealing may take milliseconds); the keep-alive and Watch
+// streams are callback reactors (watch_hub.h), so thousands of idle streams hold no threads.
 #ifndef KVARN_DAEMON_SERVICE_KV_SERVICE_H_
 #define KVARN_DAEMON_SERVICE_KV_SERVICE_H_
 
@@ -13,6 +13,7 @@
 
 #include "absl/time/time.h"
 #include "daemon/core/kv_core.h"
+#include "daemon/service/watch_hub.h"
 #include "kvarn/v1/kvarn.grpc.pb.h"
 
 namespace kvarn {
@@ -23,18 +24,22 @@ class RpcObserver {
   virtual void OnRpc(std::string_view method, grpc::StatusCode code, absl::Duration latency) = 0;
 };
 
-class KvService final : public v1::KvCache::WithCallbackMethod_KeepAlive<v1::KvCache::Service> {
+class KvService final
+    : public v1::KvCache::WithCallbackMethod_KeepAlive<v1::KvCache::WithCallbackMethod_Watch<v1::KvCache::Service>> {
  public:
   struct Options {
     uint64_t max_inline_bytes = 64ull << 20;  // keys + values of one AppendInline
     uint32_t max_batch = 4096;                // items of one AppendBatch
+    // Longest a Watch hub waits for events before it re-checks sessions and shutdown.
     absl::Duration watch_poll = absl::Milliseconds(200);
   };
   KvService(KvCore* core, Options options, RpcObserver* observer = nullptr);
+  ~KvService() override;
 
-  // Ends every stream before the server shuts down: Watch loops (they poll for this) and
-  // keep-alive streams (finished with UNAVAILABLE), so shutdown does not wait on them.
+  // Ends every stream before the server shuts down: Watch streams (OK) and keep-alive
+  // streams (UNAVAILABLE), so shutdown does not wait on them.
   void Stop();
+  size_t watch_streams() const { return watch_.streams(); }
 
   grpc::Status Describe(grpc::ServerContext* ctx, const v1::DescribeRequest* req, v1::DescribeResponse* resp) override;
   grpc::Status OpenSession(grpc::ServerContext* ctx, const v1::OpenSessionRequest* req, v1::OpenSessionResponse* resp) override;
@@ -51,7 +56,7 @@ class KvService final : public v1::KvCache::WithCallbackMethod_KeepAlive<v1::KvC
   grpc::Status Evict(grpc::ServerContext* ctx, const v1::EvictRequest* req, v1::EvictResponse* resp) override;
   grpc::Status Stats(grpc::ServerContext* ctx, const v1::StatsRequest* req, v1::StatsResponse* resp) override;
   grpc::Status ListSequences(grpc::ServerContext* ctx, const v1::ListSequencesRequest* req, v1::ListSequencesResponse* resp) override;
-  grpc::Status Watch(grpc::ServerContext* ctx, const v1::WatchRequest* req, grpc::ServerWriter<v1::BlockEvent>* writer) override;
+  grpc::ServerWriteReactor<v1::BlockEvent>* Watch(grpc::CallbackServerContext* ctx, const v1::WatchRequest* req) override;
 
  private:
   class KeepAliveReactor;
@@ -63,6 +68,7 @@ class KvService final : public v1::KvCache::WithCallbackMethod_KeepAlive<v1::KvC
   Options options_;
   RpcObserver* observer_;
   std::atomic<bool> stopping_{false};
+  WatchHub watch_;
   absl::Mutex reactors_mu_;
   absl::flat_hash_set<KeepAliveReactor*> reactors_ ABSL_GUARDED_BY(reactors_mu_);
 };

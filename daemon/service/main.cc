@@ -1,5 +1,6 @@
 // kvarnd: the KV-cache daemon. See `kvarnd --help`.
 #include <signal.h>
+#include <sys/prctl.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -26,12 +27,21 @@ int main(int argc, char** argv) {
   // Debian's Abseil is built with mutex deadlock detection on, which costs a global graph
   // update on every lock; kvarnd's lock order is fixed (documented per class) and tested.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  // SIGTERM/SIGINT are taken synchronously by this thread; every other thread blocks them.
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGTERM);
-  sigaddset(&stop, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  // Not dumpable: /proc/<pid>/fd, /proc/<pid>/mem and ptrace of the daemon are closed to
+  // other processes of the same uid, so none of them can reach the pool's descriptors (and
+  // map a session's tail or the pool writable) except through the descriptor channel.
+  if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) {
+    std::fprintf(stderr, "kvarnd: cannot make the process non-dumpable\n");
+    return 1;
+  }
+  // SIGTERM/SIGINT (stop) and SIGHUP (reload tenants) are taken synchronously by this
+  // thread; every other thread blocks them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
   auto server = kvarn::Server::Start(*config);
@@ -40,7 +50,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   int sig = 0;
-  sigwait(&stop, &sig);
+  for (;;) {
+    sigwait(&signals, &sig);
+    if (sig != SIGHUP) break;
+    kvarn::Log(kvarn::LogLevel::kInfo, "signal", {{"signal", "SIGHUP"}});
+    (*server)->ReloadTenants().IgnoreError();  // logged; the old tenants stay on error
+  }
   kvarn::Log(kvarn::LogLevel::kInfo, "signal", {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"}});
   (*server)->Shutdown(config->drain);
   // Everything that outlives the process is released by now (segments unlinked, socket

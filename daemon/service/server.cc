@@ -1,18 +1,22 @@
 #include "daemon/service/server.h"
 
+#include <fcntl.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <boost/interprocess/sync/file_lock.hpp>
 #include <cstdio>
 #include <fstream>
-#include <random>
+#include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "daemon/backends/host_shm.h"
+#include "daemon/backends/host_memory.h"
 #include "daemon/core/cpu_sealer.h"
 #include "daemon/service/log.h"
 
@@ -21,6 +25,31 @@
 #endif
 
 namespace kvarn {
+
+// The exclusive lock that makes one daemon per socket path.
+class InstanceLock {
+ public:
+  static absl::StatusOr<std::unique_ptr<InstanceLock>> Acquire(const std::string& path) {
+    const int fd = open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot create the lock file ", path));
+    close(fd);
+    try {
+      auto lock = std::unique_ptr<InstanceLock>(new InstanceLock(path));
+      if (!lock->lock_.try_lock()) {
+        return absl::FailedPreconditionError(absl::StrCat("another kvarnd serves this socket (", path,
+                                                          " is locked); stop it first or choose another listen path"));
+      }
+      return lock;
+    } catch (const boost::interprocess::interprocess_exception& e) {
+      return absl::FailedPreconditionError(absl::StrCat("cannot lock ", path, ": ", e.what()));
+    }
+  }
+
+ private:
+  explicit InstanceLock(const std::string& path) : lock_(path.c_str()) {}
+  boost::interprocess::file_lock lock_;
+};
+
 namespace {
 
 absl::StatusOr<std::pair<std::string, uint16_t>> SplitHostPort(const std::string& s) {
@@ -38,6 +67,48 @@ absl::StatusOr<std::pair<std::string, uint16_t>> SplitHostPort(const std::string
   return std::make_pair(host, static_cast<uint16_t>(port));
 }
 
+bool IsLoopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return absl::FailedPreconditionError(absl::StrCat("cannot read ", what, " ", path));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(const DaemonConfig& c, bool* insecure) {
+  *insecure = false;
+  if (c.tls_cert.empty()) {
+    auto hp = SplitHostPort(c.tcp);
+    if (!hp.ok()) return hp.status();
+    if (!IsLoopback(hp->first)) {
+      if (!c.allow_insecure_tcp) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "tcp ", c.tcp, " is not a loopback address and no TLS is configured: set tls_cert and tls_key (and tls_client_ca "
+            "for mutual TLS), or allow_insecure_tcp=true to serve it in the clear"));
+      }
+      *insecure = true;
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  auto cert = ReadFile(c.tls_cert, "tls_cert");
+  if (!cert.ok()) return cert.status();
+  auto key = ReadFile(c.tls_key, "tls_key");
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions o(c.tls_client_ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                                              : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  if (!c.tls_client_ca.empty()) {
+    auto ca = ReadFile(c.tls_client_ca, "tls_client_ca");
+    if (!ca.ok()) return ca.status();
+    o.pem_root_certs = *ca;
+  }
+  o.pem_key_cert_pairs.push_back({*key, *cert});
+  return grpc::SslServerCredentials(o);
+}
+
 absl::StatusOr<std::unique_ptr<MemoryBackend>> MakeBackend(const DaemonConfig& c, SealerFactory* sealer) {
   std::string kind = c.backend;
 #if KVARN_HAVE_CUDA_BACKEND
@@ -52,16 +123,33 @@ absl::StatusOr<std::unique_ptr<MemoryBackend>> MakeBackend(const DaemonConfig& c
   if (kind == "cuda") return absl::FailedPreconditionError("this kvarnd was built without CUDA: use --backend=host");
   if (kind == "auto") kind = "host";
 #endif
-  const std::vector<std::string> stale = HostShmBackend::RemoveStaleSegments(c.instance);
-  for (const std::string& name : stale) Log(LogLevel::kWarning, "stale_segment_removed", {{"name", name}});
-  auto b = HostShmBackend::Create(c.instance);
-  if (!b.ok()) return b.status();
   const int threads = c.seal_threads;
   *sealer = [threads](const Preset& p, const BlockLayout& l) { return std::make_unique<CpuSealer>(p, l, threads); };
-  return std::unique_ptr<MemoryBackend>(std::move(*b));
+  return std::unique_ptr<MemoryBackend>(new HostMemoryBackend(c.instance));
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<TenantSpec>> LoadTenantsFile(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return absl::FailedPreconditionError(absl::StrCat("cannot stat tenants file ", path));
+  if (!S_ISREG(st.st_mode)) return absl::FailedPreconditionError(absl::StrCat("tenants file ", path, " is not a regular file"));
+  if ((st.st_mode & 077) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("tenants file ", path, " has mode 0", (st.st_mode & 0777) >> 6,
+                                                      (st.st_mode & 070) >> 3, st.st_mode & 07,
+                                                      ": it holds token hashes; make it 0600 (chmod 600 ", path, ")"));
+  }
+  if (st.st_uid != geteuid()) {
+    return absl::FailedPreconditionError(absl::StrCat("tenants file ", path, " belongs to uid ", st.st_uid, ", not to kvarnd's uid ", geteuid()));
+  }
+  auto text = ReadFile(path, "tenants file");
+  if (!text.ok()) return text.status();
+  auto specs = ParseTenants(*text);
+  if (!specs.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", specs.status().message()));
+  return specs;
+}
+
+Server::Server() = default;
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const DaemonConfig& config) {
   std::unique_ptr<Server> s(new Server());
@@ -69,6 +157,25 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const DaemonConfig& config
   LogLevel level;
   if (!ParseLogLevel(config.log_level, &level)) return absl::InvalidArgumentError("log_level must be debug, info, warning or error");
   SetLogLevel(level);
+
+  if (!config.listen.empty()) {
+    auto lock = InstanceLock::Acquire(config.listen + ".lock");
+    if (!lock.ok()) return lock.status();
+    s->lock_ = std::move(*lock);
+  }
+  std::vector<TenantSpec> tenants;
+  if (!config.tenants_file.empty()) {
+    auto t = LoadTenantsFile(config.tenants_file);
+    if (!t.ok()) return t.status();
+    tenants = std::move(*t);
+  }
+  bool insecure_tcp = false;
+  std::shared_ptr<grpc::ServerCredentials> tcp_creds;
+  if (!config.tcp.empty()) {
+    auto creds = TcpCredentials(config, &insecure_tcp);
+    if (!creds.ok()) return creds.status();
+    tcp_creds = *creds;
+  }
 
   SealerFactory sealer;
   auto backend = MakeBackend(config, &sealer);
@@ -80,30 +187,39 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const DaemonConfig& config
   auto core = KvCore::Create(config.core, s->backend_.get(), SystemClock::Get(), sealer, s->metrics_.get());
   if (!core.ok()) return core.status();
   s->core_ = std::move(*core);
+  if (!config.tenants_file.empty()) {
+    if (absl::Status t = s->core_->ConfigureTenants(tenants); !t.ok()) return t;
+  }
   if (absl::Status b = s->metrics_->Bind(s->core_.get()); !b.ok()) return b;
 
   if (!config.core.admin_token.empty() && !config.admin_token_file.empty()) {
     const std::string tmp = config.admin_token_file + ".tmp";
     {
-      std::ofstream f(tmp, std::ios::trunc);
-      f << config.core.admin_token << "\n";
-      if (!f) return absl::FailedPreconditionError(absl::StrCat("cannot write ", tmp));
+      const int fd = open(tmp.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600);
+      if (fd < 0) return absl::FailedPreconditionError(absl::StrCat("cannot write ", tmp));
+      const std::string line = config.core.admin_token + "\n";
+      const bool ok = write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+      close(fd);
+      if (!ok) return absl::FailedPreconditionError(absl::StrCat("cannot write ", tmp));
     }
-    chmod(tmp.c_str(), 0600);
     if (std::rename(tmp.c_str(), config.admin_token_file.c_str()) != 0) {
       return absl::FailedPreconditionError(absl::StrCat("cannot write ", config.admin_token_file));
     }
   }
 
-  s->service_ = std::make_unique<KvService>(s->core_.get(), KvService::Options{}, s->metrics_.get());
+  KvService::Options so;
+  so.max_inline_bytes = static_cast<uint64_t>(config.max_message_mb) << 20;
+  so.max_batch = config.max_batch_items;
+  so.watch_poll = config.watch_poll;
+  s->service_ = std::make_unique<KvService>(s->core_.get(), so, s->metrics_.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   if (!config.listen.empty()) {
-    unlink(config.listen.c_str());  // a socket file left by a previous instance
+    unlink(config.listen.c_str());  // a socket file left by a dead predecessor (we hold the lock)
     builder.AddListeningPort(absl::StrCat("unix:", config.listen), grpc::InsecureServerCredentials());
   }
-  if (!config.tcp.empty()) builder.AddListeningPort(config.tcp, grpc::InsecureServerCredentials(), &s->tcp_port_);
+  if (!config.tcp.empty()) builder.AddListeningPort(config.tcp, tcp_creds, &s->tcp_port_);
   builder.RegisterService(s->service_.get());
   // Inline appends carry K/V; bigger messages get RESOURCE_EXHAUSTED from gRPC itself.
   builder.SetMaxReceiveMessageSize(config.max_message_mb << 20);
@@ -113,6 +229,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const DaemonConfig& config
   // their pings even between calls.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  // gRPC sets SO_REUSEPORT by default, which would let a second daemon bind the same TCP
+  // port and take half the connections. One daemon per port.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // The synchronous pool's pollers wake at least this often; gRPC's 10 s default is how long
   // a stopped server could linger in its teardown.
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::CQ_TIMEOUT_MSEC, 100);
@@ -121,7 +240,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const DaemonConfig& config
     return absl::FailedPreconditionError(absl::StrCat("cannot listen on ", config.listen.empty() ? config.tcp : config.listen,
                                                       config.tcp.empty() ? "" : absl::StrCat(" / ", config.tcp)));
   }
-  if (!config.listen.empty()) chmod(config.listen.c_str(), 0600);  // same-user clients only
+  if (!config.listen.empty()) {
+    chmod(config.listen.c_str(), config.socket_mode);
+    DescriptorServer::Options d;
+    d.path = DescriptorSocketPath(config.listen);
+    d.mode = config.socket_mode;
+    auto ds = DescriptorServer::Start(s->core_.get(), d);
+    if (!ds.ok()) return ds.status();
+    s->descriptors_ = std::move(*ds);
+  }
   grpc::HealthCheckServiceInterface* health = s->grpc_->GetHealthCheckService();
   if (health != nullptr) health->SetServingStatus("kvarn.v1.KvCache", true);
 
@@ -135,22 +262,45 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const DaemonConfig& config
     if (!e.ok()) return absl::Status(e.status().code(), absl::StrCat("metrics endpoint ", config.metrics, ": ", e.status().message()));
     s->exporter_ = std::move(*e);
   }
-  s->expiry_ = std::thread([p = s.get()] { p->ExpiryLoop(); });
+  s->housekeeping_ = std::thread([p = s.get()] { p->Housekeeping(); });
+  if (insecure_tcp) {
+    Log(LogLevel::kWarning, "insecure_tcp", {{"tcp", config.tcp}, {"reason", "allow_insecure_tcp=true: anyone who can reach this "
+                                                                              "address can open sessions; configure TLS"}});
+  }
   const CoreStats st = s->core_->Stats(std::nullopt).value();
+  const std::string trust = config.tenants_file.empty()
+      ? std::string("one trust domain: tenant names are unauthenticated labels (configure tenants_file to authenticate tenants)")
+      : absl::StrCat("authenticated tenants: ", tenants.size(), " from ", config.tenants_file);
   Log(LogLevel::kInfo, "kvarnd_started",
       {{"pid", static_cast<int64_t>(getpid())}, {"epoch", s->core_->epoch()}, {"backend", s->backend_->name()},
        {"listen", config.listen}, {"tcp", config.tcp}, {"tcp_port", s->tcp_port_},
+       {"tls", config.tls_cert.empty() ? "off" : config.tls_client_ca.empty() ? "server" : "mutual"},
        {"metrics", config.metrics}, {"metrics_port", static_cast<int>(s->metrics_port())},
        {"preset", s->core_->preset().Name()}, {"layers", config.core.model.num_layers},
        {"kv_heads", config.core.model.num_kv_heads}, {"head_dim", config.core.model.head_dim},
-       {"capacity_bytes", st.capacity_bytes}, {"quant_blocks", st.quant_total}, {"fp16_blocks", st.fp16_slots_budget}});
+       {"capacity_bytes", st.capacity_bytes}, {"quant_blocks", st.quant_total}, {"sink_blocks", st.sink_total},
+       {"tail_slots", st.tail_slots_budget}, {"trust", trust}});
   return s;
 }
 
-void Server::ExpiryLoop() {
-  while (!stop_expiry_.WaitForNotificationWithTimeout(config_.expiry_scan)) {
+absl::Status Server::ReloadTenants() {
+  if (config_.tenants_file.empty()) return absl::FailedPreconditionError("no tenants_file is configured");
+  auto specs = LoadTenantsFile(config_.tenants_file);
+  absl::Status s = specs.ok() ? core_->ConfigureTenants(*specs) : specs.status();
+  if (!s.ok()) {
+    Log(LogLevel::kError, "tenants_reload_failed", {{"file", config_.tenants_file}, {"error", s.ToString()}});
+    return s;
+  }
+  metrics_->BindTenants();
+  Log(LogLevel::kInfo, "tenants_reloaded", {{"file", config_.tenants_file}, {"tenants", static_cast<int64_t>(specs->size())}});
+  return absl::OkStatus();
+}
+
+void Server::Housekeeping() {
+  while (!stop_housekeeping_.WaitForNotificationWithTimeout(config_.expiry_scan)) {
     const int n = core_->ExpireSessions();
     if (n > 0) Log(LogLevel::kInfo, "sessions_expired", {{"count", n}});
+    backend_->Sweep();  // may read /proc and call the device: never under the core's lock
   }
 }
 
@@ -160,6 +310,7 @@ void Server::Shutdown(absl::Duration deadline) {
   // A Start that failed part-way (e.g. --backend=cuda without a device) leaves later
   // members unset.
   if (core_) core_->BeginDrain();
+  if (descriptors_) descriptors_->Stop();
   if (grpc_) {
     grpc::HealthCheckServiceInterface* health = grpc_->GetHealthCheckService();
     if (health != nullptr) health->Shutdown();
@@ -169,12 +320,12 @@ void Server::Shutdown(absl::Duration deadline) {
     grpc_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(deadline));
     grpc_->Wait();
   }
-  stop_expiry_.Notify();
-  if (expiry_.joinable()) expiry_.join();
+  stop_housekeeping_.Notify();
+  if (housekeeping_.joinable()) housekeeping_.join();
   if (exporter_) exporter_->Stop();
-  if (!config_.listen.empty()) unlink(config_.listen.c_str());
-  // No handler runs any more and nothing scrapes: release the pool now (segments are
-  // unlinked) rather than when gRPC's own teardown finishes.
+  if (!config_.listen.empty() && lock_) unlink(config_.listen.c_str());
+  // No handler runs any more and nothing scrapes: release the pool now rather than when
+  // gRPC's own teardown finishes.
   core_.reset();
   Log(LogLevel::kInfo, "kvarnd_stopped", {});
 }

@@ -1,5 +1,9 @@
 #include "daemon/service/service_metrics.h"
 
+#include <algorithm>
+#include <atomic>
+#include <memory>
+
 #include "absl/strings/str_cat.h"
 
 namespace kvarn {
@@ -10,7 +14,7 @@ const char* ReasonName(EvictReason r) {
     case EvictReason::kAllocation: return "allocation";
     case EvictReason::kWatermark: return "watermark";
     case EvictReason::kRequest: return "request";
-    case EvictReason::kSession: return "session";
+    case EvictReason::kQuota: return "quota";
   }
   return "unknown";
 }
@@ -23,6 +27,7 @@ const char* CodeName(grpc::StatusCode c) {
     case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
     case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
     case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
     case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
     case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
     case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
@@ -45,7 +50,7 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(metrics::
   auto ev = registry->AddCounter("kvarn_evictions_total", "Cached blocks evicted, by reason.", {"reason"});
   if (!ev.ok()) return ev.status();
   m->evictions_ = *ev;
-  for (EvictReason r : {EvictReason::kAllocation, EvictReason::kWatermark, EvictReason::kRequest}) {
+  for (EvictReason r : {EvictReason::kAllocation, EvictReason::kWatermark, EvictReason::kRequest, EvictReason::kQuota}) {
     m->evictions_->WithLabels({ReasonName(r)});
   }
   auto err = registry->AddHistogram("kvarn_sampled_quantization_error_ratio",
@@ -82,7 +87,7 @@ absl::Status ServiceMetrics::Bind(const KvCore* core) {
   const auto counter = [&](const char* name, const char* help, std::vector<std::string> labels) {
     return registry_->AddCallbackCounter(name, help, std::move(labels));
   };
-  auto capacity = gauge("kvarn_pool_capacity_bytes", "Pool memory by block class: quantized tiles, fp16 (sink tiles and tail slots), and the total.", {"class"});
+  auto capacity = gauge("kvarn_pool_capacity_bytes", "Pool memory by block class: quantized tiles, fp16 (sink blocks and tail slots), and the total.", {"class"});
   if (!capacity.ok()) return capacity.status();
   (*capacity)->SetCallback({"quant"}, [this] { return static_cast<double>(Snapshot().quant_capacity_bytes); }).IgnoreError();
   (*capacity)->SetCallback({"fp16"}, [this] { return static_cast<double>(Snapshot().fp16_capacity_bytes); }).IgnoreError();
@@ -92,7 +97,10 @@ absl::Status ServiceMetrics::Bind(const KvCore* core) {
   if (!bytes.ok()) return bytes.status();
   (*bytes)->SetCallback({"active"}, [this] { return static_cast<double>(Snapshot().ActiveBytes()); }).IgnoreError();
   (*bytes)->SetCallback({"cached"}, [this] { return static_cast<double>(Snapshot().CachedBytes()); }).IgnoreError();
-  (*bytes)->SetCallback({"fp16"}, [this] { return static_cast<double>(Snapshot().Fp16Bytes()); }).IgnoreError();
+  (*bytes)->SetCallback({"fp16"}, [this] {
+    const CoreStats s = Snapshot();
+    return static_cast<double>(uint64_t{s.sink_total - s.sink_free} * s.fp16_block_bytes + s.TailBytes());
+  }).IgnoreError();
   (*bytes)->SetCallback({"free"}, [this] {
     const CoreStats s = Snapshot();
     return static_cast<double>(s.capacity_bytes - std::min(s.capacity_bytes, s.UsedBytes()));
@@ -149,7 +157,84 @@ absl::Status ServiceMetrics::Bind(const KvCore* core) {
   auto compression = gauge("kvarn_compression_ratio", "fp16 bytes over stored bytes of a sealed tile for the pool's preset, metadata included.", {"preset"});
   if (!compression.ok()) return compression.status();
   (*compression)->SetCallback({p.Name()}, [ratio] { return ratio; }).IgnoreError();
+
+  auto usage_t = gauge("kvarn_tenant_usage", "What a configured tenant holds, by resource: sessions, tail_slots, cache (bytes), watchers.", {"tenant", "resource"});
+  if (!usage_t.ok()) return usage_t.status();
+  tenant_usage_ = *usage_t;
+  auto quota_t = gauge("kvarn_tenant_quota", "A configured tenant's quota, by resource (same units as kvarn_tenant_usage).", {"tenant", "resource"});
+  if (!quota_t.ok()) return quota_t.status();
+  tenant_quota_ = *quota_t;
+  auto rejected_t = counter("kvarn_tenant_quota_rejections_total", "Requests of a configured tenant refused by one of its quotas.", {"tenant", "resource"});
+  if (!rejected_t.ok()) return rejected_t.status();
+  tenant_rejected_ = *rejected_t;
+  BindTenants();
   return absl::OkStatus();
+}
+
+std::optional<TenantReport> ServiceMetrics::TenantSnapshot(const std::string& tenant) const {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  if (now - tenants_cached_at_ > absl::Milliseconds(100)) {
+    tenants_cached_ = core_->TenantReports();
+    tenants_cached_at_ = now;
+  }
+  for (const TenantReport& r : tenants_cached_) {
+    if (r.name == tenant) return r;
+  }
+  return std::nullopt;
+}
+
+void ServiceMetrics::BindTenants() {
+  absl::MutexLock lock(&tenants_mu_);
+  std::vector<std::string> now;
+  for (const TenantReport& r : core_->TenantReports()) now.push_back(r.name);
+  static constexpr QuotaLimit kLimits[] = {QuotaLimit::kSessions, QuotaLimit::kTailSlots, QuotaLimit::kCache, QuotaLimit::kWatchers};
+  for (const std::string& gone : bound_tenants_) {
+    if (std::find(now.begin(), now.end(), gone) != now.end()) continue;
+    for (QuotaLimit l : kLimits) {
+      const absl::string_view labels[] = {gone, QuotaLimitName(l)};
+      tenant_usage_->RemoveCallback(labels).IgnoreError();
+      tenant_quota_->RemoveCallback(labels).IgnoreError();
+      // A counter's series stays (it must not go backwards); it keeps its last value.
+    }
+  }
+  for (const std::string& name : now) {
+    for (QuotaLimit l : kLimits) {
+      const absl::string_view labels[] = {name, QuotaLimitName(l)};
+      tenant_usage_->SetCallback(labels, [this, name, l] {
+        const std::optional<TenantReport> r = TenantSnapshot(name);
+        if (!r) return 0.0;
+        switch (l) {
+          case QuotaLimit::kSessions: return static_cast<double>(r->usage.sessions);
+          case QuotaLimit::kTailSlots: return static_cast<double>(r->usage.tail_slots);
+          case QuotaLimit::kCache: return static_cast<double>(r->usage.cache_bytes);
+          case QuotaLimit::kWatchers: return static_cast<double>(r->usage.watchers);
+        }
+        return 0.0;
+      }).IgnoreError();
+      tenant_quota_->SetCallback(labels, [this, name, l] {
+        const std::optional<TenantReport> r = TenantSnapshot(name);
+        if (!r) return 0.0;
+        switch (l) {
+          case QuotaLimit::kSessions: return static_cast<double>(r->quota.max_sessions);
+          case QuotaLimit::kTailSlots: return static_cast<double>(r->quota.max_tail_slots);
+          case QuotaLimit::kCache: return static_cast<double>(r->quota.max_cache_bytes);
+          case QuotaLimit::kWatchers: return static_cast<double>(r->quota.max_watchers);
+        }
+        return 0.0;
+      }).IgnoreError();
+      // A counter must not go backwards, also once its tenant is removed from the file: it
+      // keeps the highest count it reported.
+      auto last = std::make_shared<std::atomic<double>>(0.0);
+      tenant_rejected_->SetCallback(labels, [this, name, l, last] {
+        const std::optional<TenantReport> r = TenantSnapshot(name);
+        const double now = r ? static_cast<double>(r->usage.rejected[static_cast<int>(l)]) : 0.0;
+        if (now > last->load()) last->store(now);
+        return last->load();
+      }).IgnoreError();
+    }
+  }
+  bound_tenants_ = std::move(now);
 }
 
 void ServiceMetrics::OnSeal(bool fp16, absl::Duration latency) {

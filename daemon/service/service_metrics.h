@@ -6,7 +6,9 @@
 #define KVARN_DAEMON_SERVICE_SERVICE_METRICS_H_
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -22,6 +24,10 @@ class ServiceMetrics final : public CoreObserver, public RpcObserver {
   static absl::StatusOr<std::unique_ptr<ServiceMetrics>> Create(metrics::Registry* registry);
   // Installs the scrape-time gauges reading `core`, which must outlive the registry's use.
   absl::Status Bind(const KvCore* core);
+  // (Re)installs the per-tenant series for the configured tenants (a bounded set; without a
+  // tenants file there are none) and removes those of tenants no longer configured. Called
+  // by Bind and after a tenants reload.
+  void BindTenants() ABSL_LOCKS_EXCLUDED(tenants_mu_);
 
   void OnSeal(bool fp16, absl::Duration latency) override;
   void OnEvict(EvictReason reason, uint32_t blocks) override;
@@ -32,6 +38,8 @@ class ServiceMetrics final : public CoreObserver, public RpcObserver {
   explicit ServiceMetrics(metrics::Registry* registry) : registry_(registry) {}
   // The core's stats, at most 100 ms old: one scrape reads many gauges.
   CoreStats Snapshot() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The configured tenants' reports, at most 100 ms old; nullopt for a tenant not configured.
+  std::optional<TenantReport> TenantSnapshot(const std::string& tenant) const ABSL_LOCKS_EXCLUDED(mu_);
 
   metrics::Registry* registry_;
   const KvCore* core_ = nullptr;
@@ -40,9 +48,16 @@ class ServiceMetrics final : public CoreObserver, public RpcObserver {
   metrics::HistogramFamily* quant_error_ = nullptr;
   metrics::HistogramFamily* rpc_seconds_ = nullptr;
   metrics::CounterFamily* rpc_total_ = nullptr;
+  metrics::CallbackFamily* tenant_usage_ = nullptr;
+  metrics::CallbackFamily* tenant_quota_ = nullptr;
+  metrics::CallbackFamily* tenant_rejected_ = nullptr;
   mutable absl::Mutex mu_;
   mutable CoreStats cached_ ABSL_GUARDED_BY(mu_);
   mutable absl::Time cached_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  mutable std::vector<TenantReport> tenants_cached_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Time tenants_cached_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Mutex tenants_mu_;  // BindTenants calls, one at a time
+  std::vector<std::string> bound_tenants_ ABSL_GUARDED_BY(tenants_mu_);
 };
 
 }  // namespace kvarn

@@ -2,22 +2,12 @@
 
 #include <string>
 
+#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/params.h"
 
 namespace kvarn::cuda {
 namespace {
-
-CodecStatus FromCuda(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return {};
-  const std::string msg =
-      std::string(what) + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
-  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) {
-    return CodecStatus(CodecCode::kFailedPrecondition, msg);
-  }
-  if (err == cudaErrorMemoryAllocation) return CodecStatus(CodecCode::kUnavailable, msg);
-  return CodecStatus(CodecCode::kInternal, msg);
-}
 
 CodecStatus ClearStatus(int32_t* status, size_t count, cudaStream_t stream) {
   if (status == nullptr) return {};

@@ -6,6 +6,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "kernels/cuda/cuda_status.h"
+
 namespace kvarn::cuda {
 
 class DeviceScope {
@@ -21,6 +23,7 @@ class DeviceScope {
   DeviceScope& operator=(const DeviceScope&) = delete;
   // cudaSuccess when the device was made current.
   cudaError_t error() const { return error_; }
+  CodecStatus status() const { return FromCuda(error_, "cudaSetDevice"); }
 
  private:
   int previous_ = -1;

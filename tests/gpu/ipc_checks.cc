@@ -1,4 +1,4 @@
-// CUDA IPC between processes (kernels/cuda/ipc.h), on a real device: the pool's way of
+// CUDA IPC between processes (common/cuda_ipc.h), on a real device: the pool's way of
 // sharing GPU memory. Needs only the C++ standard library and the CUDA runtime, so it builds
 // on the GPU machine (KVARN_KERNELS_ONLY). Prints "SKIPPED: no CUDA device" and exits 0
 // without a device.
@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "daemon/backends/nonfinite_scan.h"
-#include "kernels/cuda/ipc.h"
+#include "common/cuda_ipc.h"
 
 extern char** environ;
 

@@ -324,7 +324,7 @@ TEST_F(BadInputTest, UnknownSessionAndSequenceIdsAreNotFound) {
 TEST_F(BadInputTest, OtherSessionsAndTenantsSequencesLookUnknown) {
   auto a2 = Open(*client_, "team-a");  // same tenant, another session
   auto b = Open(*client_, "team-b");   // another tenant
-  ASSERT_TRUE(a2.ok() && b.ok());
+  ASSERT_TRUE(a2.ok() && b.ok()) << a2.status() << " / " << b.status();
   WaitAllConnected();
   for (const auto* other : {a2->get(), b->get()}) {
     const v1::SessionRef ref = other->Ref();

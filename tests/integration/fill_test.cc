@@ -1,6 +1,6 @@
 // Scenario 4: fill the pool to twice its capacity. New sequences keep sealing tiles (most are
-// released, some stay referenced); after every append the pool's used bytes and the tmpfs
-// bytes behind its segments stay within the capacity, referenced blocks are never evicted
+// released, some stay referenced); after every append the pool's used bytes and the memory
+// the kernel allocated behind its segments stay within the capacity, referenced blocks are never evicted
 // (Watch sees no removal of them and their bytes, read in place, never change), and once
 // only referenced blocks remain the next sealing append gets RESOURCE_EXHAUSTED and changes
 // nothing.
@@ -19,6 +19,14 @@ namespace {
 constexpr uint32_t kQuantBlocks = 48;
 constexpr uint32_t kFp16Blocks = 16;
 constexpr uint32_t kTailSlots = 4;  // the test session's; the rest of the fp16 share holds sinks
+
+// --fp16_share and --sink_share giving exactly `fp16` fp16 blocks, `sinks` of them sink blocks.
+std::vector<std::string> Fp16Flags(uint64_t capacity, uint64_t fbytes, uint32_t fp16, uint32_t sinks) {
+  char share[64], sink_share[64];
+  std::snprintf(share, sizeof(share), "%.12f", (static_cast<double>(fp16 * fbytes) + 0.5) / static_cast<double>(capacity));
+  std::snprintf(sink_share, sizeof(sink_share), "%.12f", (sinks + 0.5) / fp16);
+  return {absl::StrCat("--capacity=", capacity), absl::StrCat("--fp16_share=", share), absl::StrCat("--sink_share=", sink_share)};
+}
 
 // How many times the capacity the churn writes: 2 by default, KVARN_IT_FILL_FACTOR for a
 // longer stress run.
@@ -90,7 +98,7 @@ class FillTest : public IntegrationTest {
   }
 
   // Every invariant of the fill, after one step.
-  void CheckStep(Session& s, const std::string& instance, const std::vector<Held>& held, const std::string& step) {
+  void CheckStep(Session& s, const std::vector<Held>& held, const std::string& step) {
     SCOPED_TRACE(step);
     auto st = s.Stats();
     ASSERT_TRUE(st.ok()) << st.status();
@@ -98,11 +106,14 @@ class FillTest : public IntegrationTest {
     EXPECT_LE(used, st->capacity_bytes()) << st->DebugString();
     EXPECT_EQ(st->capacity_bytes() - st->free_bytes(), used);
     max_used_ = std::max(max_used_, used);
-    const uint64_t resident = ShmResidentBytes(instance);
+    // Pages the kernel allocated behind the segments (this test's one session holds every
+    // tail): within the capacity, up to one block of slack for page rounding (RELIABILITY.md:
+    // max resident bytes over capacity <= one block).
+    auto mem = s.Resident();
+    ASSERT_TRUE(mem.ok()) << mem.status();
+    const uint64_t resident = mem->quant + mem->sink + mem->tail;
     max_resident_ = std::max(max_resident_, resident);
-    // tmpfs pages behind the segments: within the capacity, up to one block of slack for
-    // page rounding (RELIABILITY.md: max resident bytes over capacity <= one block).
-    EXPECT_LE(resident, st->capacity_bytes() + qbytes_) << "resident shm bytes exceed the capacity";
+    EXPECT_LE(resident, st->capacity_bytes() + qbytes_) << "resident segment bytes exceed the capacity";
     uint32_t held_quant = 0;
     std::set<uint32_t> distinct;
     for (const Held& h : held) {
@@ -122,9 +133,7 @@ class FillTest : public IntegrationTest {
 };
 
 TEST_F(FillTest, FillingTwiceTheCapacityNeverExceedsItNorEvictsReferencedBlocks) {
-  char share[64];
-  std::snprintf(share, sizeof(share), "%.12f", (static_cast<double>(kFp16Blocks * fbytes_) + 0.5) / capacity_);
-  Daemon* d = StartDaemon({absl::StrCat("--capacity=", capacity_), absl::StrCat("--fp16_share=", share)});
+  Daemon* d = StartDaemon(Fp16Flags(capacity_, fbytes_, kFp16Blocks, kFp16Blocks - kTailSlots));
   ASSERT_NE(d, nullptr);
   auto client = Connect(*d);
   ASSERT_NE(client, nullptr);
@@ -167,7 +176,7 @@ TEST_F(FillTest, FillingTwiceTheCapacityNeverExceedsItNorEvictsReferencedBlocks)
     first_held_sink.insert(h.table.sink_block);
     first_held_quant.insert(h.table.quant_blocks.begin(), h.table.quant_blocks.end());
   }
-  CheckStep(*s, d->instance(), held, "held sequences built");
+  CheckStep(*s, held, "held sequences built");
 
   // Churn: sequences of a sink and 4 quantized tiles, sealed one tile per append; all are
   // released except the fourth, which stays referenced. Until twice the capacity is written.
@@ -187,7 +196,7 @@ TEST_F(FillTest, FillingTwiceTheCapacityNeverExceedsItNorEvictsReferencedBlocks)
                << "\nwhile evictable blocks existed: " << (st.ok() ? st->DebugString() : "?");
       }
       written += tile == 0 ? fbytes_ : qbytes_;
-      CheckStep(*s, d->instance(), held, absl::StrCat("churn sequence ", i, " tile ", tile));
+      CheckStep(*s, held, absl::StrCat("churn sequence ", i, " tile ", tile));
       if (HasFatalFailure()) return;
     }
     ++sequences;
@@ -228,7 +237,7 @@ TEST_F(FillTest, FillingTwiceTheCapacityNeverExceedsItNorEvictsReferencedBlocks)
       ++next_token;
       grow.table = r->table;
       Snapshot(*s, grow);
-      CheckStep(*s, d->instance(), held, absl::StrCat("filling with referenced blocks, seal ", i));
+      CheckStep(*s, held, absl::StrCat("filling with referenced blocks, seal ", i));
       continue;
     }
     exhausted = true;
@@ -252,7 +261,7 @@ TEST_F(FillTest, FillingTwiceTheCapacityNeverExceedsItNorEvictsReferencedBlocks)
     EXPECT_EQ(table_now.tail_tokens, static_cast<uint32_t>(kTile - 1));
   }
   EXPECT_TRUE(exhausted) << "the pool never ran out of evictable blocks";
-  CheckStep(*s, d->instance(), held, "after RESOURCE_EXHAUSTED");
+  CheckStep(*s, held, "after RESOURCE_EXHAUSTED");
 
   // Watch: blocks were removed (evicted) along the way, never one that was held throughout.
   std::this_thread::sleep_for(std::chrono::milliseconds(400));  // the daemon polls its event log every 200 ms
@@ -271,26 +280,27 @@ TEST_F(FillTest, FillingTwiceTheCapacityNeverExceedsItNorEvictsReferencedBlocks)
   EXPECT_GT(removed, 0u);
   IT_ASSIGN_OR_FAIL(final_stats, s->Stats());
   Report(absl::StrCat("fill to ", FillFactor(), "x: wrote ", written, " bytes into a ", capacity_, "-byte pool (", sequences,
-                      " churn sequences); max used ", max_used_, " bytes, max resident shm ", max_resident_,
+                      " churn sequences); max used ", max_used_, " bytes, max resident ", max_resident_,
                       " bytes (over capacity by ", max_resident_ > capacity_ ? max_resident_ - capacity_ : 0,
                       "); evictions ", final_stats.evictions(), "; watch saw ", stored, " stored / ", removed,
                       " removed; referenced blocks evicted 0"));
 }
 
-// When the fp16 share is the scarce one, every cached sink block is the parent of a cached
-// quantized block, so no sink is a leaf. A new sink tile (or a session's tail slots) must
-// still get room: the least recently used cached chain is evicted leaf first (the quantized
-// child, then its sink). RESOURCE_EXHAUSTED is only for a pool of referenced blocks.
+// When the sink blocks are the scarce ones, every cached sink block is the parent of a cached
+// quantized block, so no sink is a leaf. A new sink tile must still get room: the least
+// recently used cached chain is evicted leaf first (the quantized child, then its sink).
+// RESOURCE_EXHAUSTED is only for a pool of referenced blocks. Tail slots are a budget of
+// their own: they never take sink blocks.
 TEST_F(FillTest, SinkPressureEvictsCachedChainsInsteadOfFailing) {
-  constexpr uint32_t kQuant = 64, kFp16 = 8, kSlots = 2;  // 6 fp16 blocks left for sinks
+  constexpr uint32_t kQuant = 64, kFp16 = 8, kSlots = 2;  // 6 sink blocks, 2 tail slots
   const uint64_t capacity = kQuant * qbytes_ + kFp16 * fbytes_;
-  char share[64];
-  std::snprintf(share, sizeof(share), "%.12f", (static_cast<double>(kFp16 * fbytes_) + 0.5) / capacity);
-  Daemon* d = StartDaemon({absl::StrCat("--capacity=", capacity), absl::StrCat("--fp16_share=", share)});
+  Daemon* d = StartDaemon(Fp16Flags(capacity, fbytes_, kFp16, kFp16 - kSlots));
   ASSERT_NE(d, nullptr);
   auto client = Connect(*d);
   ASSERT_NE(client, nullptr);
   IT_ASSIGN_OR_FAIL(s, Open(*client, "sinks", kSlots));
+  IT_ASSIGN_OR_FAIL(st0, s->Stats());
+  ASSERT_EQ(st0.sink_blocks_total(), kFp16 - kSlots);
   // 10 sequences of a sink and one quantized tile, each released: from the seventh on, a new
   // sink needs an evicted one.
   for (int i = 0; i < 10; ++i) {
@@ -305,11 +315,15 @@ TEST_F(FillTest, SinkPressureEvictsCachedChainsInsteadOfFailing) {
     IT_ASSERT_OK(s->Release(ids));
     if (!t.ok()) break;
   }
-  // Tail slots come out of the same share: a second session's two slots need two sinks
-  // (with their children) evicted.
-  auto other = Open(*client, "sinks", kSlots);
+  // The watermark (95 %) keeps one of the six sinks free.
   IT_ASSIGN_OR_FAIL(st, s->Stats());
-  EXPECT_TRUE(other.ok()) << other.status() << "\nwhile evictable: " << st.DebugString();
+  EXPECT_GE(st.sink_blocks_cached(), kFp16 - kSlots - 1);
+  // The tail budget is spent by the first session: a second one is refused, and no cached
+  // sink is taken for it.
+  auto other = Open(*client, "sinks", kSlots);
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kResourceExhausted) << other.status();
+  IT_ASSIGN_OR_FAIL(st2, s->Stats());
+  EXPECT_EQ(st2.sink_blocks_cached(), st.sink_blocks_cached());
 }
 
 }  // namespace

@@ -99,7 +99,7 @@ std::string UniqueInstance() {
   return absl::StrCat("it-", getpid(), "-", counter.fetch_add(1));
 }
 
-std::vector<std::string> ShmSegments(const std::string& instance) {
+std::vector<std::string> NamedSegments(const std::string& instance) {
   std::vector<std::string> out;
   DIR* dir = opendir("/dev/shm");
   if (dir == nullptr) return out;
@@ -113,24 +113,38 @@ std::vector<std::string> ShmSegments(const std::string& instance) {
   return out;
 }
 
-uint64_t ShmResidentBytes(const std::string& instance) {
-  uint64_t total = 0;
-  for (const std::string& name : ShmSegments(instance)) {
-    struct stat st;
-    if (stat(absl::StrCat("/dev/shm/", name).c_str(), &st) == 0) total += static_cast<uint64_t>(st.st_blocks) * 512;
+absl::StatusOr<std::vector<DaemonSegment>> DaemonSegments(pid_t pid) {
+  const std::string dir_path = absl::StrCat("/proc/", pid, "/fd");
+  DIR* dir = opendir(dir_path.c_str());
+  if (dir == nullptr) {
+    if (errno == EACCES || errno == EPERM) {
+      return absl::PermissionDeniedError(absl::StrCat("cannot read ", dir_path, " (kvarnd is not dumpable; needs root)"));
+    }
+    return absl::NotFoundError(absl::StrCat("cannot read ", dir_path, ": ", std::strerror(errno)));
   }
-  return total;
-}
-
-bool ShmExists(const std::string& name) {
-  struct stat st;
-  return stat(absl::StrCat("/dev/shm/", name).c_str(), &st) == 0;
-}
-
-int RemoveShmSegments(const std::string& instance) {
-  int n = 0;
-  for (const std::string& name : ShmSegments(instance)) n += unlink(absl::StrCat("/dev/shm/", name).c_str()) == 0;
-  return n;
+  std::vector<DaemonSegment> out;
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    const std::string fd_path = dir_path + "/" + e->d_name;
+    char target[512];
+    const ssize_t n = readlink(fd_path.c_str(), target, sizeof(target) - 1);
+    if (n <= 0) continue;
+    target[n] = 0;
+    const std::string link = target;
+    static const std::string kMemfd = "/memfd:kvarnd.";
+    if (link.rfind(kMemfd, 0) != 0) continue;
+    DaemonSegment seg;
+    seg.name = link.substr(7, link.find(' ') == std::string::npos ? std::string::npos : link.find(' ') - 7);
+    struct stat st;
+    if (stat(fd_path.c_str(), &st) == 0) {
+      seg.size = static_cast<uint64_t>(st.st_size);
+      seg.allocated = static_cast<uint64_t>(st.st_blocks) * 512;
+    }
+    out.push_back(std::move(seg));
+  }
+  closedir(dir);
+  std::sort(out.begin(), out.end(), [](const DaemonSegment& a, const DaemonSegment& b) { return a.name < b.name; });
+  return out;
 }
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
@@ -151,6 +165,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
       "--preset=" + l.preset,
       absl::StrCat("--sink_tokens=", l.sink_tokens),
       "--capacity=16MiB",
+      "--default_tail_slots=8",
       "--grace_ms=100",
       "--log_level=info",
   };
@@ -201,7 +216,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
 
 Daemon::~Daemon() {
   if (pid_ > 0) Kill();
-  RemoveShmSegments(instance_);
 }
 
 std::string Daemon::Log() const { return ReadFile(log_path_); }

@@ -53,13 +53,19 @@ class TempDir {
 // A process unique name, e.g. "it-1234-3": an instance name kvarnd accepts.
 std::string UniqueInstance();
 
-// Names of the /dev/shm entries of one kvarnd instance ("kvarnd.<instance>.*").
-std::vector<std::string> ShmSegments(const std::string& instance);
-// Sum of the tmpfs bytes actually allocated (st_blocks * 512) behind those segments.
-uint64_t ShmResidentBytes(const std::string& instance);
-bool ShmExists(const std::string& name);
-// Removes every segment of the instance; returns how many it removed.
-int RemoveShmSegments(const std::string& instance);
+// Entries of /dev/shm named like kvarnd's (kvarnd.<instance>.*). kvarnd's memory is anonymous
+// (memfd) and handed over by descriptor, so there must never be any.
+std::vector<std::string> NamedSegments(const std::string& instance);
+
+// The anonymous memory segments a kvarnd process holds, from /proc/<pid>/fd. kvarnd is not
+// dumpable, so only a process with ptrace rights over it (root, CAP_SYS_PTRACE) can look:
+// PERMISSION_DENIED otherwise, and tests that need it say so and skip that check.
+struct DaemonSegment {
+  std::string name;          // e.g. "kvarnd.it-12-3.tail"
+  uint64_t size = 0;         // st_size
+  uint64_t allocated = 0;    // st_blocks * 512: memory actually in use
+};
+absl::StatusOr<std::vector<DaemonSegment>> DaemonSegments(pid_t pid);
 
 struct DaemonOptions {
   std::string instance;                 // default: UniqueInstance()

@@ -57,8 +57,8 @@ TEST_F(MetricsScrapeTest, LiveScrapePassesPromtoolAndReportsTheTraffic) {
   const uint64_t qbytes = a->block_layout().quant_block_bytes(), fbytes = a->block_layout().fp16_block_bytes();
   EXPECT_EQ(value("kvarn_pool_bytes", "{state=\"active\"}"), static_cast<double>(3 * qbytes + 1 * fbytes));
   EXPECT_EQ(value("kvarn_pool_bytes", "{state=\"cached\"}"), 0.0);
-  // fp16: the sink block and both sessions' 16 default tail slots.
-  EXPECT_EQ(value("kvarn_pool_bytes", "{state=\"fp16\"}"), static_cast<double>((1 + 2 * 16) * fbytes));
+  // fp16: the sink block and both sessions' 8 default tail slots (the harness sets 8).
+  EXPECT_EQ(value("kvarn_pool_bytes", "{state=\"fp16\"}"), static_cast<double>((1 + 2 * 8) * fbytes));
   EXPECT_EQ(value("kvarn_pool_bytes", "{state=\"free\"}"), static_cast<double>(st.free_bytes()));
   // Prefix cache: B's 256 adopted tokens out of 2 x 266 queried.
   EXPECT_EQ(value("kvarn_prefix_cache_hit_tokens_total"), 256.0);

@@ -1,7 +1,9 @@
 // Scenario 6: kvarnd SIGKILLed while a client holds sequences, then restarted with the same
-// instance name and socket. The new daemon removes the dead one's segments at start, and
-// every handle of the old epoch is rejected: calls get FAILED_PRECONDITION and the old
-// Session notices (alive() == false) through its keep-alive stream.
+// instance name and socket. Nothing of the dead daemon can be picked up: its memory was
+// anonymous (nothing in /dev/shm to find), the new daemon's segments are new memory (the old
+// client's mapping does not see the new daemon's writes), and every handle of the old epoch is
+// rejected: calls get FAILED_PRECONDITION and the old Session notices (alive() == false)
+// through its keep-alive stream.
 #include <signal.h>
 
 #include <set>
@@ -13,7 +15,7 @@ namespace {
 
 class RestartTest : public IntegrationTest {};
 
-TEST_F(RestartTest, RestartedDaemonRemovesLeftoverSegmentsAndRejectsOldHandles) {
+TEST_F(RestartTest, RestartedDaemonSharesNoMemoryWithTheDeadOneAndRejectsOldHandles) {
   TempDir dir;
   const std::string instance = UniqueInstance();
   const std::string socket = dir.path() + "/kvarnd.sock";
@@ -31,29 +33,17 @@ TEST_F(RestartTest, RestartedDaemonRemovesLeftoverSegmentsAndRejectsOldHandles) 
   const uint64_t old_session = old->id();
   EXPECT_EQ(old_epoch, first->epoch());
 
-  // Segments of the first daemon: quantized pool, sink pool, the session's tail.
-  const std::vector<std::string> leftover = ShmSegments(instance);
-  ASSERT_EQ(leftover.size(), 3u);
-  for (const std::string& name : leftover) {
-    EXPECT_NE(name.find(absl::StrCat(".", first->pid(), ".")), std::string::npos) << name;
-  }
+  // The first daemon's memory has no name anyone could open later.
+  EXPECT_THAT(NamedSegments(instance), ::testing::IsEmpty());
+  const uint32_t old_block = table.quant_blocks[0];
+  const uint64_t old_digest = Fnv64(old->QuantBlock(old_block), old->block_layout().quant_block_bytes());
 
-  first->Kill();  // SIGKILL + reap: the crash leaves its segments behind
-  for (const std::string& name : leftover) EXPECT_TRUE(ShmExists(name)) << name << " vanished before the restart";
+  first->Kill();  // SIGKILL + reap: the old client's mappings are all that is left of its memory
 
   Daemon* second = StartDaemon({}, instance, socket);
   ASSERT_NE(second, nullptr);
   ASSERT_NE(second->epoch(), old_epoch);
-  // Every leftover segment is gone and logged as removed; only the new daemon's remain.
-  const std::string log = second->Log();
-  for (const std::string& name : leftover) {
-    EXPECT_FALSE(ShmExists(name)) << name << " survived the restart";
-    EXPECT_NE(log.find("event=stale_segment_removed name=" + name), std::string::npos) << log;
-  }
-  for (const std::string& name : ShmSegments(instance)) {
-    EXPECT_NE(name.find(absl::StrCat(".", second->pid(), ".")), std::string::npos) << name;
-  }
-
+  EXPECT_THAT(NamedSegments(instance), ::testing::IsEmpty());
   // The old Session finds out by itself, before any call of ours: its keep-alive stream
   // reconnects to the new daemon, which refuses the old epoch.
   const double t0 = NowMs();
@@ -68,8 +58,8 @@ TEST_F(RestartTest, RestartedDaemonRemovesLeftoverSegmentsAndRejectsOldHandles) 
   IT_ASSIGN_OR_FAIL(fresh, Open(*client2, "team-r"));
   EXPECT_NE(fresh->epoch(), old_epoch);
   Report(absl::StrCat("restart: old session ", old_session, " epoch ", old_epoch, "; new session ", fresh->id(),
-                      " epoch ", fresh->epoch(), "; leftover segments removed ", leftover.size(),
-                      "; old Session saw alive()==false ", noticed_ms, " ms after the new daemon started"));
+                      " epoch ", fresh->epoch(), "; old Session saw alive()==false ", noticed_ms,
+                      " ms after the new daemon started"));
 
   // Old handles, replayed on the old (reconnected) channel: all refused with
   // FAILED_PRECONDITION (stale epoch), none accepted.
@@ -97,6 +87,7 @@ TEST_F(RestartTest, RestartedDaemonRemovesLeftoverSegmentsAndRejectsOldHandles) 
     v1::StatsRequest req;
     req.mutable_session()->set_session_id(fresh->id() + 100);
     req.mutable_session()->set_epoch(second->epoch());
+    req.mutable_session()->set_secret(fresh->Ref().secret());
     v1::StatsResponse resp;
     grpc::ClientContext ctx;
     EXPECT_EQ(client2->stub().Stats(&ctx, req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
@@ -109,10 +100,17 @@ TEST_F(RestartTest, RestartedDaemonRemovesLeftoverSegmentsAndRejectsOldHandles) 
   EXPECT_EQ(st.quant_blocks_active() + st.quant_blocks_cached(), 0u);
   IT_ASSIGN_OR_FAIL(lookup, fresh->Lookup(prompt));
   EXPECT_EQ(lookup, 0u);
-  // The new daemon serves normally.
-  IT_ASSIGN_OR_FAIL(q, fresh->CreateSequence(prompt));
-  IT_ASSIGN_OR_FAIL(t2, AppendTokens(*fresh, q.id, prompt, 0, prompt.size()));
-  EXPECT_EQ(t2.tokens, prompt.size());
+  // The new daemon serves normally (other tokens, so its blocks differ from the old ones).
+  const std::vector<uint32_t> prompt2 = Tokens(70000, 3 * kTile + 5);
+  IT_ASSIGN_OR_FAIL(q, fresh->CreateSequence(prompt2));
+  IT_ASSIGN_OR_FAIL(t2, AppendTokens(*fresh, q.id, prompt2, 0, prompt2.size()));
+  EXPECT_EQ(t2.tokens, prompt2.size());
+  // The new daemon wrote its blocks (the same ids as before, most likely) into new memory:
+  // the old client's mapping of the dead daemon's pool did not change.
+  EXPECT_EQ(Fnv64(old->QuantBlock(old_block), old->block_layout().quant_block_bytes()), old_digest);
+  EXPECT_NE(Fnv64(fresh->QuantBlock(t2.quant_blocks[0]), fresh->block_layout().quant_block_bytes()),
+            Fnv64(old->QuantBlock(t2.quant_blocks[0]), old->block_layout().quant_block_bytes()))
+      << "the old mapping shows the new daemon's block";
   old.reset();  // its best-effort CloseSession is refused (stale epoch); nothing changes
   IT_ASSIGN_OR_FAIL(st2, fresh->Stats());
   EXPECT_EQ(st2.sessions(), 1u);

@@ -1,5 +1,5 @@
 // kvarnd stops promptly on SIGTERM whatever its clients are doing: the process exits (and
-// its segments go) within its own shutdown deadline, not only the kvarnd_stopped log line.
+// its memory goes) within its own shutdown deadline, not only the kvarnd_stopped log line.
 #include <signal.h>
 
 #include "tests/integration/fixture.h"
@@ -23,7 +23,7 @@ class ShutdownTest : public IntegrationTest {
     if (status.ok()) {
       EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << d->Log();
     }
-    EXPECT_THAT(ShmSegments(d->instance()), ::testing::IsEmpty());
+    EXPECT_THAT(NamedSegments(d->instance()), ::testing::IsEmpty());
     const size_t stopped = d->Log().find("event=kvarnd_stopped");
     EXPECT_NE(stopped, std::string::npos) << d->Log();
     return ms;

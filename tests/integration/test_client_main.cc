@@ -12,8 +12,8 @@
 //       sequences in all: prints READY refs=<quantized block references held>; then waits
 //       (to be killed).
 //   kvarn_test_client hung --target=T --tenant=X --first=F
-//       One sequence of a sink tile, one quantized tile and 10 tail tokens; prints READY with
-//       its tail segment; waits for GO on stdin (the test stops and resumes it meanwhile),
+//       One sequence of a sink tile, one quantized tile and 10 tail tokens; prints READY;
+//       waits for GO on stdin (the test stops and resumes it meanwhile),
 //       then tries every call on its old sequence and session, printing RESULT op=.. code=..,
 //       scribbles over its tail slot, and prints DONE.
 #include <unistd.h>
@@ -131,15 +131,15 @@ int Hung(Session& session, const std::map<std::string, std::string>& f) {
   if (!seq.ok()) return Fail("CreateSequence", seq.status());
   auto t = AppendTokens(session, seq->id, prompt, 0, prompt.size());
   if (!t.ok()) return Fail("Append", t.status());
-  Say(absl::StrCat("READY session=", session.id(), " seq=", seq->id, " tail_segment=", session.pool().tail_segment().name(),
-                   " ", TableText(*t)));
+  Say(absl::StrCat("READY session=", session.id(), " seq=", seq->id, " ", TableText(*t)));
   WaitForStdinLine("GO");
   const auto report = [](const std::string& op, const absl::Status& s) {
     Say(absl::StrCat("RESULT op=", op, " code=", static_cast<int>(s.code())));
   };
   const std::vector<uint32_t> more = Tokens(first + 1000, 4);
   const KvData kv = MakeKv(more, SmallLayout(), 7);
-  // Stage only writes this process's own (now unlinked) tail mapping; the commit must fail.
+  // Stage only writes this process's own mapping of its ended session's tail, which the
+  // daemon has let go of; the commit must fail.
   const absl::Status staged = session.Stage(seq->id, 4, kv.keys.data(), kv.values.data(), DType::kF16);
   Say(absl::StrCat("LOCAL op=Stage code=", static_cast<int>(staged.code())));
   report("Commit", session.Commit(seq->id, more).status());
@@ -180,10 +180,13 @@ int Main(int argc, char** argv) {
     const size_t eq = a.find('=');
     f[a.substr(0, eq)] = eq == std::string::npos ? "1" : a.substr(eq + 1);
   }
-  auto client = Client::Connect(Flag(f, "target"), ClientOptions{.rpc_timeout = absl::Seconds(20)}, absl::Seconds(10));
+  ClientOptions co;
+  co.rpc_timeout = absl::Seconds(20);
+  auto client = Client::Connect(Flag(f, "target"), co, absl::Seconds(10));
   if (!client.ok()) return Fail("Connect", client.status());
   SessionOptions so;
   so.tenant = Flag(f, "tenant", "tenant-a");
+  so.tenant_token = Flag(f, "token");
   so.layout = SmallLayout();
   so.max_sequences = static_cast<uint32_t>(FlagU64(f, "max_sequences", 0));
   so.client_name = absl::StrCat("kvarn_test_client-", mode, "-", getpid());

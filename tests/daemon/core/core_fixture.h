@@ -30,8 +30,8 @@ inline ModelConfig SmallModel(const std::string& preset = "kvarn_k4v2_g64", uint
 // scribbling on its shared-memory tail.
 class RecordingBackend final : public MemoryBackend {
  public:
-  absl::StatusOr<std::unique_ptr<Region>> Create(RegionKind kind, size_t bytes, int owner_pid = 0) override {
-    auto r = heap_.Create(kind, bytes, owner_pid);
+  absl::StatusOr<std::unique_ptr<Region>> Create(RegionKind kind, size_t bytes) override {
+    auto r = heap_.Create(kind, bytes);
     if (r.ok() && kind == RegionKind::kTail) tails.push_back((*r)->data());
     return r;
   }
@@ -45,17 +45,21 @@ class RecordingBackend final : public MemoryBackend {
 
 class CoreTest : public ::testing::Test {
  protected:
-  // Sizes the pool to exactly `quant_blocks` quantized blocks and `fp16_blocks` fp16 blocks.
-  void MakeCore(uint32_t quant_blocks, uint32_t fp16_blocks, ModelConfig model = SmallModel(),
-                CoreConfig config = CoreConfig()) {
+  // Sizes the pool to exactly `quant_blocks` quantized blocks, `sink_blocks` sink blocks (none
+  // when the model keeps no sink) and `tail_slots` tail slots.
+  void MakeCore(uint32_t quant_blocks, uint32_t sink_blocks, ModelConfig model = SmallModel(),
+                CoreConfig config = CoreConfig(), uint32_t tail_slots = 16) {
     Preset p;
     ASSERT_TRUE(ParsePreset(model.preset, &p).ok());
     const uint64_t slots = uint64_t{model.num_layers} * model.num_kv_heads;
     qbytes_ = slots * p.RecordBytes(static_cast<int>(model.head_dim));
     fbytes_ = slots * 2 * uint64_t(p.tile_tokens) * model.head_dim * 2;
+    if (model.sink_tokens == 0) sink_blocks = 0;
+    const uint64_t fp16_blocks = sink_blocks + tail_slots;
     config.model = model;
     config.capacity_bytes = quant_blocks * qbytes_ + fp16_blocks * fbytes_;
     config.fp16_share = (static_cast<double>(fp16_blocks * fbytes_) + 0.5) / config.capacity_bytes;
+    config.sink_share = (sink_blocks + 0.5) / static_cast<double>(fp16_blocks);
     config.default_tail_slots = 2;
     auto core = KvCore::Create(config, &backend_, &clock_, nullptr, nullptr, /*epoch=*/77);
     ASSERT_TRUE(core.ok()) << core.status();
@@ -70,14 +74,18 @@ class CoreTest : public ::testing::Test {
     }
   }
 
-  SessionRef Open(const std::string& tenant, uint32_t slots = 2) {
+  SessionRef Open(const std::string& tenant, uint32_t slots = 2, const std::string& token = "") {
     OpenParams p;
     p.tenant = tenant;
+    p.tenant_token = token;
     p.layout = model_;
     p.max_sequences = slots;
     auto r = core_->OpenSession(p);
     EXPECT_TRUE(r.ok()) << r.status();
-    return SessionRef{r.ok() ? r->session : 0, core_->epoch()};
+    return Ref(r);
+  }
+  SessionRef Ref(const absl::StatusOr<OpenResult>& r) const {
+    return r.ok() ? SessionRef{r->session, core_->epoch(), r->secret} : SessionRef{};
   }
 
   // Deterministic original-frame K/V for n tokens: [n][L][H][D] floats.

@@ -26,6 +26,7 @@ TEST_P(RandomActionsTest, InvariantsAndModelHoldAfterEveryAction) {
   MakeCore(12, 10, SmallModel(), c);
   std::mt19937 rng(GetParam());
   std::vector<SessionRef> sessions;
+  std::map<SessionId, int> streams;  // attached keep-alive streams, as the service keeps them
   std::map<SequenceId, ModelSeq> seqs;
   const std::vector<uint32_t> prompts[3] = {Tokens(0, 200), Tokens(5000, 150), Tokens(0, 100)};
   int done = 0, appended = 0;
@@ -40,8 +41,8 @@ TEST_P(RandomActionsTest, InvariantsAndModelHoldAfterEveryAction) {
       p.max_sequences = 1 + rng() % 3;
       auto r = core_->OpenSession(p);
       if (r.ok()) {
-        sessions.push_back({r->session, core_->epoch()});
-        core_->AttachStream(sessions.back()).IgnoreError();
+        sessions.push_back(Ref(r));
+        if (core_->AttachStream(sessions.back()).ok()) ++streams[r->session];
       } else {
         ASSERT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
       }
@@ -105,7 +106,10 @@ TEST_P(RandomActionsTest, InvariantsAndModelHoldAfterEveryAction) {
     } else if (op == 8 && !sessions.empty()) {
       const SessionRef s = sessions[rng() % sessions.size()];
       if (rng() % 3 == 0) {
-        core_->DetachStream(s.session);
+        if (streams[s.session] > 0) {
+          --streams[s.session];
+          core_->DetachStream(s.session);
+        }
       } else {
         core_->CloseSession(s).IgnoreError();
       }

@@ -52,9 +52,9 @@ TEST_F(CoreTest, OpenSessionChecksLayoutAndTenant) {
 TEST_F(CoreTest, StaleEpochAndUnknownIdsAreRejected) {
   MakeCore(8, 8);
   SessionRef s = Open("a");
-  EXPECT_EQ(core_->CreateSequence({s.session, s.epoch + 1}, Tokens(0, 5)).status().code(),
+  EXPECT_EQ(core_->CreateSequence({s.session, s.epoch + 1, s.secret}, Tokens(0, 5)).status().code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(core_->CreateSequence({s.session + 9, s.epoch}, Tokens(0, 5)).status().code(),
+  EXPECT_EQ(core_->CreateSequence({s.session + 9, s.epoch, s.secret}, Tokens(0, 5)).status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_EQ(core_->Append(s, 12345, Tokens(0, 1)).status().code(), absl::StatusCode::kNotFound);
 }
@@ -359,7 +359,7 @@ TEST_F(CoreTest, EvictByRequestHonoursScopes) {
   p.tenant = "ops";
   p.layout = model_;
   p.admin_token = "secret";
-  SessionRef admin{core_->OpenSession(p)->session, core_->epoch()};
+  SessionRef admin = Ref(core_->OpenSession(p));
   auto q = core_->CreateSequence(a, std::vector<uint32_t>{});
   AppendAll(a, q->sequence, Tokens(0, 3 * 64), 0);
   ASSERT_TRUE(core_->Release(a, std::vector<SequenceId>{q->sequence}).ok());
@@ -378,21 +378,24 @@ TEST_F(CoreTest, EvictByRequestHonoursScopes) {
   EXPECT_EQ(st->quant_cached + st->sink_cached, 0u);
 }
 
-TEST_F(CoreTest, TailSlotsComeFromTheFp16ShareAndEvictCachedSinks) {
-  MakeCore(8, 4);
-  SessionRef s = Open("a", 2);  // 2 of 4 fp16 blocks reserved
+TEST_F(CoreTest, TailSlotsHaveABudgetOfTheirOwn) {
+  MakeCore(8, 4, SmallModel(), CoreConfig(), /*tail_slots=*/4);
+  SessionRef s = Open("a", 2);  // 2 of 4 tail slots reserved
   auto a = core_->CreateSequence(s, std::vector<uint32_t>{});
-  AppendAll(s, a->sequence, Tokens(0, 65), 0);  // a sink: 3 of 4
+  AppendAll(s, a->sequence, Tokens(0, 65), 0);  // a sink block
   ASSERT_TRUE(core_->Release(s, std::vector<SequenceId>{a->sequence}).ok());
   OpenParams p;
   p.tenant = "b";
   p.layout = model_;
   p.max_sequences = 2;
-  EXPECT_EQ(core_->OpenSession(p).status().code(), absl::StatusCode::kOk);  // evicts the cached sink
+  EXPECT_EQ(core_->OpenSession(p).status().code(), absl::StatusCode::kOk);
   p.max_sequences = 1;
-  EXPECT_EQ(core_->OpenSession(p).status().code(), absl::StatusCode::kResourceExhausted);
+  auto refused = core_->OpenSession(p);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(), HasSubstr("tail slots"));
   auto st = core_->Stats(std::nullopt);
   EXPECT_EQ(st->tail_slots_reserved, 4u);
+  EXPECT_EQ(st->sink_cached, 1u) << "reserving tail slots never takes sink blocks";
   EXPECT_LE(st->UsedBytes(), st->capacity_bytes);
 }
 
@@ -421,7 +424,7 @@ TEST_F(CoreTest, ObserverSessionsReserveNoTailSlots) {
   auto r = core_->OpenSession(p);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->pool.tail_slots, 0u);
-  const SessionRef s{r->session, core_->epoch()};
+  const SessionRef s = Ref(r);
   EXPECT_EQ(core_->CreateSequence(s, Tokens(0, 10)).status().code(), absl::StatusCode::kResourceExhausted);
   auto st = core_->Stats(s);
   ASSERT_TRUE(st.ok());
@@ -436,12 +439,14 @@ namespace kvarn::testing {
 namespace {
 
 // A cached sink heads a chain of cached quantized blocks, so it is never a leaf; allocating
-// a sink (or reserving tail slots) must evict the least recently used chain, leaves first.
+// a sink must evict the least recently used chain, leaves first.
 TEST_F(CoreTest, SinkPressureEvictsCachedChainsLeavesFirst) {
-  MakeCore(64, 8);
-  SessionRef s = Open("a", 2);  // 2 of 8 fp16 blocks reserved: 6 sinks fit
+  CoreConfig c;
+  c.high_watermark = 1.0;  // only allocations evict here
+  MakeCore(64, 6, SmallModel(), c);
+  SessionRef s = Open("a", 2);
   std::vector<BlockTableView> tables;
-  for (uint32_t i = 0; i < 10; ++i) {
+  for (uint32_t i = 0; i < 12; ++i) {
     auto q = core_->CreateSequence(s, std::vector<uint32_t>{});
     ASSERT_TRUE(q.ok());
     tables.push_back(AppendAll(s, q->sequence, Tokens(10000 * i, 2 * 64), 0));  // sink + 1 quantized
@@ -449,17 +454,14 @@ TEST_F(CoreTest, SinkPressureEvictsCachedChainsLeavesFirst) {
     ASSERT_TRUE(core_->Release(s, std::vector<SequenceId>{q->sequence}).ok());
     ASSERT_TRUE(core_->CheckInvariants().ok()) << core_->CheckInvariants();
   }
-  // The four oldest chains went, the six newest stayed.
-  for (uint32_t i = 0; i < 10; ++i) {
-    EXPECT_EQ(core_->Lookup(s, Tokens(10000 * i, 2 * 64 + 1)).value(), i < 4 ? 0u : 128u) << i;
+  // The six oldest chains went (quantized block first, then its sink), the six newest stayed.
+  for (uint32_t i = 0; i < 12; ++i) {
+    EXPECT_EQ(core_->Lookup(s, Tokens(10000 * i, 2 * 64 + 1)).value(), i < 6 ? 0u : 128u) << i;
   }
-  OpenParams p;
-  p.tenant = "b";
-  p.layout = model_;
-  p.max_sequences = 2;
-  EXPECT_TRUE(core_->OpenSession(p).ok());  // evicts two more chains
-  EXPECT_EQ(core_->Lookup(s, Tokens(10000 * 4, 2 * 64 + 1)).value(), 0u);
-  EXPECT_EQ(core_->Lookup(s, Tokens(10000 * 9, 2 * 64 + 1)).value(), 128u);
+  auto st = core_->Stats(std::nullopt);
+  EXPECT_EQ(st->evictions[static_cast<int>(EvictReason::kAllocation)], 12u);
+  EXPECT_EQ(st->quant_cached, 6u);
+  EXPECT_EQ(st->sink_cached, 6u);
 }
 
 }  // namespace
@@ -492,7 +494,9 @@ TEST_F(CoreTest, BatchAppendsAreIndependent) {
   const std::vector<uint32_t> one = {1}, too_many = Tokens(0, 65);
   std::vector<std::pair<SequenceId, std::span<const uint32_t>>> items = {
       {a->sequence, one}, {999, one}, {b->sequence, too_many}, {b->sequence, one}};
-  auto r = core_->AppendBatch(s, items);
+  auto batch = core_->AppendBatch(s, items);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  const auto& r = *batch;
   ASSERT_EQ(r.size(), 4u);
   EXPECT_TRUE(r[0].ok());
   EXPECT_EQ(r[1].status().code(), absl::StatusCode::kNotFound);

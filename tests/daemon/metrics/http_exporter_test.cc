@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -29,9 +30,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "common/unique_fd.h"
 #include "daemon/metrics/registry.h"
 #include "daemon/metrics/text_format.h"
-#include "daemon/metrics/unique_fd.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -120,14 +121,44 @@ absl::StatusOr<HttpReply> ParseReply(absl::string_view raw) {
   return reply;
 }
 
+// Sends `request` on the open connection `fd` and reads the reply to the end.
+absl::StatusOr<HttpReply> ExchangeOn(int fd, absl::string_view request) {
+  if (absl::Status sent = SendAll(fd, request); !sent.ok()) return sent;
+  absl::StatusOr<std::string> raw = ReadToEof(fd);
+  if (!raw.ok()) return raw.status();
+  return ParseReply(*raw);
+}
+
 // One request on a fresh connection, as Prometheus does it.
 absl::StatusOr<HttpReply> Exchange(uint16_t port, absl::string_view request) {
   absl::StatusOr<UniqueFd> fd = Connect(port);
   if (!fd.ok()) return fd.status();
-  if (absl::Status sent = SendAll(fd->get(), request); !sent.ok()) return sent;
-  absl::StatusOr<std::string> raw = ReadToEof(fd->get());
-  if (!raw.ok()) return raw.status();
-  return ParseReply(*raw);
+  return ExchangeOn(fd->get(), request);
+}
+
+// Receives until `prefix` has arrived on `fd`: the server has read the request and is
+// sending its response. DEADLINE_EXCEEDED if the peer goes quiet first.
+absl::Status AwaitReplyStart(int fd, absl::string_view prefix) {
+  std::string data;
+  while (data.size() < prefix.size()) {
+    char buffer[64];
+    const ssize_t n = ::recv(fd, buffer, prefix.size() - data.size(), 0);
+    if (n > 0) {
+      data.append(buffer, static_cast<size_t>(n));
+    } else if (n == 0) {
+      return absl::UnavailableError(absl::StrCat("closed after \"", data, "\""));
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      return absl::DeadlineExceededError(absl::StrCat("no reply; got \"", data, "\""));
+    } else if (errno != EINTR) {
+      return absl::ErrnoToStatus(errno, "recv");
+    }
+  }
+  if (data != prefix) return absl::DataLossError(absl::StrCat("reply starts \"", data, "\""));
+  return absl::OkStatus();
+}
+
+absl::Duration Since(std::chrono::steady_clock::time_point start) {
+  return absl::FromChrono(std::chrono::steady_clock::now() - start);
 }
 
 // The families the daemon will export, with every kind of value the format must spell.
@@ -335,18 +366,131 @@ TEST_F(MetricsHttpExporterTest, StalledClientIsDisconnectedAfterReadTimeout) {
   EXPECT_EQ(*rest, "");  // closed without a response
 }
 
-TEST_F(MetricsHttpExporterTest, FullConnectionTableQueuesNewScrapesUntilSlotsFree) {
+TEST_F(MetricsHttpExporterTest, FloodOfIdleConnectionsDoesNotDelayAScrape) {
   HttpExporter::Options options;
-  options.max_connections = 2;
-  options.read_timeout = absl::Milliseconds(300);
+  options.read_timeout = absl::Seconds(30);  // no idle connection times out in this test
   std::unique_ptr<HttpExporter> exporter = StartExporter(options);
   ASSERT_NE(exporter, nullptr);
-  absl::StatusOr<UniqueFd> idle1 = Connect(exporter->port());
-  absl::StatusOr<UniqueFd> idle2 = Connect(exporter->port());
-  ASSERT_TRUE(idle1.ok() && idle2.ok());
+  // More than the connection table and the accept queue together hold.
+  constexpr int kIdle = 200;
+  ASSERT_GT(kIdle, options.max_connections + options.backlog);
+  std::vector<UniqueFd> idle;
+  for (int i = 0; i < kIdle; ++i) {
+    absl::StatusOr<UniqueFd> fd = Connect(exporter->port());
+    ASSERT_TRUE(fd.ok()) << "idle connection " << i << ": " << fd.status();
+    idle.push_back(*std::move(fd));
+  }
+
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<HttpReply> reply = Exchange(exporter->port(), kScrape);
+  const absl::Duration elapsed = Since(start);
+  std::printf("scrape behind %d idle connections took %s\n", kIdle,
+              absl::FormatDuration(elapsed).c_str());
+  ASSERT_TRUE(reply.ok()) << reply.status() << " after " << elapsed;
+  EXPECT_EQ(reply->status, 200);
+  EXPECT_EQ(reply->body, registry_.Serialize());
+  // Not a speed requirement: an answer before read_timeout/2 means the scrape waited for no
+  // idle connection's read deadline.
+  EXPECT_LT(elapsed, options.read_timeout / 2);
+
+  // The room was made by closing the oldest idle connections without a response; the
+  // newest kept its slot and is served when it finally sends a request.
+  absl::StatusOr<std::string> oldest = ReadToEof(idle.front().get());
+  ASSERT_TRUE(oldest.ok()) << oldest.status();
+  EXPECT_EQ(*oldest, "");
+  absl::StatusOr<HttpReply> newest = ExchangeOn(idle.back().get(), kScrape);
+  ASSERT_TRUE(newest.ok()) << newest.status();
+  EXPECT_EQ(newest->status, 200);
+}
+
+// The head sent so far on a connection that has not finished its request.
+constexpr absl::string_view kPartialHead = "GET /metrics HTTP/1.1\r\nHost: x\r\n";
+
+TEST_F(MetricsHttpExporterTest, FullTableDropsAPartialRequestWhenItIsTheOldest) {
+  HttpExporter::Options options;
+  options.max_connections = 2;
+  options.read_timeout = absl::Seconds(30);
+  std::unique_ptr<HttpExporter> exporter = StartExporter(options);
+  ASSERT_NE(exporter, nullptr);
+  absl::StatusOr<UniqueFd> partial = Connect(exporter->port());
+  ASSERT_TRUE(partial.ok()) << partial.status();
+  ASSERT_TRUE(SendAll(partial->get(), kPartialHead).ok());
+  absl::StatusOr<UniqueFd> idle = Connect(exporter->port());
+  ASSERT_TRUE(idle.ok()) << idle.status();
+
   absl::StatusOr<HttpReply> reply = Exchange(exporter->port(), kScrape);
   ASSERT_TRUE(reply.ok()) << reply.status();
   EXPECT_EQ(reply->status, 200);
+  EXPECT_EQ(reply->body, registry_.Serialize());
+
+  absl::StatusOr<std::string> dropped = ReadToEof(partial->get());
+  ASSERT_TRUE(dropped.ok()) << dropped.status();
+  EXPECT_EQ(*dropped, "");  // closed without a response
+  absl::StatusOr<HttpReply> kept = ExchangeOn(idle->get(), kScrape);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->status, 200);
+}
+
+TEST_F(MetricsHttpExporterTest, FullTableKeepsAPartialRequestWhenAnIdleConnectionIsOlder) {
+  HttpExporter::Options options;
+  options.max_connections = 2;
+  options.read_timeout = absl::Seconds(30);
+  std::unique_ptr<HttpExporter> exporter = StartExporter(options);
+  ASSERT_NE(exporter, nullptr);
+  absl::StatusOr<UniqueFd> idle = Connect(exporter->port());
+  ASSERT_TRUE(idle.ok()) << idle.status();
+  absl::StatusOr<UniqueFd> partial = Connect(exporter->port());
+  ASSERT_TRUE(partial.ok()) << partial.status();
+  ASSERT_TRUE(SendAll(partial->get(), kPartialHead).ok());
+
+  absl::StatusOr<HttpReply> reply = Exchange(exporter->port(), kScrape);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->status, 200);
+  EXPECT_EQ(reply->body, registry_.Serialize());
+
+  absl::StatusOr<std::string> dropped = ReadToEof(idle->get());
+  ASSERT_TRUE(dropped.ok()) << dropped.status();
+  EXPECT_EQ(*dropped, "");
+  // The partial request kept its slot and what it had sent: the rest of the head completes it.
+  absl::StatusOr<HttpReply> kept = ExchangeOn(partial->get(), "\r\n");
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->status, 200);
+  EXPECT_EQ(kept->body, registry_.Serialize());
+}
+
+TEST_F(MetricsHttpExporterTest, FullTableOfUnreadResponsesQueuesNewScrapesUntilWriteTimeout) {
+  GaugeFamily* many = *registry_.AddGauge("kvarn_test_series", "Many series.", {"id"});
+  for (int i = 0; i < 40000; ++i) many->WithLabels({absl::StrCat("series-", i)}).Set(i);
+  const std::string expected = registry_.Serialize();
+  ASSERT_GT(expected.size(), 1u << 20);  // more than the socket buffers hold
+  HttpExporter::Options options;
+  options.max_connections = 2;
+  options.write_timeout = absl::Milliseconds(300);
+  std::unique_ptr<HttpExporter> exporter = StartExporter(options);
+  ASSERT_NE(exporter, nullptr);
+
+  // Both slots hold a response its client does not read. Those are never dropped to make
+  // room, only at their deadline.
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<UniqueFd> lazy;
+  for (int i = 0; i < options.max_connections; ++i) {
+    absl::StatusOr<UniqueFd> fd = Connect(exporter->port());
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    const int small = 4096;
+    ::setsockopt(fd->get(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    ASSERT_TRUE(SendAll(fd->get(), kScrape).ok());
+    const absl::Status started = AwaitReplyStart(fd->get(), "HTTP/1.1 200 ");
+    ASSERT_TRUE(started.ok()) << started;  // and never read on
+    lazy.push_back(*std::move(fd));
+  }
+
+  absl::StatusOr<HttpReply> reply = Exchange(exporter->port(), kScrape);
+  const absl::Duration elapsed = Since(start);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->status, 200);
+  EXPECT_EQ(reply->body, expected);
+  // Served only once a stalled response reached its deadline.
+  EXPECT_GE(elapsed, options.write_timeout);
 }
 
 TEST_F(MetricsHttpExporterTest, ConcurrentScrapesAllSucceed) {

@@ -1,12 +1,16 @@
-// A move-only owner of a POSIX file descriptor: closes it on destruction.
-#ifndef KVARN_DAEMON_METRICS_UNIQUE_FD_H_
-#define KVARN_DAEMON_METRICS_UNIQUE_FD_H_
+// A move-only owner of a POSIX file descriptor: closes it on destruction. Low-level enough
+// for both the daemon and the client, so it lives in common/ and depends on nothing but
+// POSIX.
+//
+// Thread safety: none; like any value, one owner uses it at a time.
+#ifndef KVARN_COMMON_UNIQUE_FD_H_
+#define KVARN_COMMON_UNIQUE_FD_H_
 
 #include <unistd.h>
 
 #include <utility>
 
-namespace kvarn::metrics {
+namespace kvarn {
 
 class UniqueFd {
  public:
@@ -35,10 +39,14 @@ class UniqueFd {
     fd_ = -1;
   }
 
+  // Gives up ownership without closing: returns the descriptor (-1 if none), which the
+  // caller must now close, and leaves this owner empty.
+  [[nodiscard]] int Release() { return std::exchange(fd_, -1); }
+
  private:
   int fd_ = -1;
 };
 
-}  // namespace kvarn::metrics
+}  // namespace kvarn
 
-#endif  // KVARN_DAEMON_METRICS_UNIQUE_FD_H_
+#endif  // KVARN_COMMON_UNIQUE_FD_H_

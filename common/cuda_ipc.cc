@@ -1,6 +1,9 @@
-#include "kernels/cuda/ipc.h"
+#include "common/cuda_ipc.h"
 
 #include <cuda_runtime_api.h>
+
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device_scope.h"
 
 #include <cstring>
 #include <map>
@@ -12,35 +15,6 @@ namespace {
 
 static_assert(sizeof(cudaIpcMemHandle_t) == kIpcHandleBytes, "cudaIpcMemHandle_t changed size");
 
-CodecStatus FromCuda(cudaError_t err, const std::string& what) {
-  if (err == cudaSuccess) return {};
-  cudaGetLastError();  // clear the non-sticky error so later calls do not see it
-  const std::string msg = what + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
-  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver || err == cudaErrorInvalidDevice) {
-    return CodecStatus(CodecCode::kFailedPrecondition, msg);
-  }
-  if (err == cudaErrorMemoryAllocation) return CodecStatus(CodecCode::kUnavailable, msg);
-  return CodecStatus(CodecCode::kInternal, msg);
-}
-
-// Makes `device` current for the calling thread and restores the previous one on exit.
-class ScopedDevice {
- public:
-  explicit ScopedDevice(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    status_ = FromCuda(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
-  }
-  ~ScopedDevice() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
-  }
-  ScopedDevice(const ScopedDevice&) = delete;
-  ScopedDevice& operator=(const ScopedDevice&) = delete;
-  const CodecStatus& status() const { return status_; }
-
- private:
-  int previous_ = -1;
-  CodecStatus status_;
-};
 
 // What this process exports and what it has imported. Leaked on purpose: slabs and
 // mappings destroyed by static destructors at exit must still find it.
@@ -74,7 +48,7 @@ Expected<IpcHandle> IpcHandle::FromBytes(std::string_view raw) {
 
 Expected<ExportedSlab> ExportedSlab::Create(int device, size_t bytes) {
   if (bytes == 0) return InvalidArgument("a slab needs at least one byte");
-  ScopedDevice scope(device);
+  DeviceScope scope(device);
   if (!scope.status().ok()) return scope.status();
   void* p = nullptr;
   if (CodecStatus s = FromCuda(cudaMalloc(&p, bytes), "cudaMalloc(" + std::to_string(bytes) + " bytes)"); !s.ok()) {
@@ -113,7 +87,7 @@ void ExportedSlab::Reset() {
     auto it = r.exports.find(handle_);
     if (it != r.exports.end() && it->second.first == data_) r.exports.erase(it);
   }
-  ScopedDevice scope(device_);
+  DeviceScope scope(device_);
   cudaFree(data_);  // waits for work using it; an error here has no one to report to
   cudaGetLastError();
   data_ = nullptr;
@@ -122,7 +96,7 @@ void ExportedSlab::Reset() {
 
 Expected<IpcMapping> IpcMapping::Open(const IpcHandle& handle, int device, size_t bytes) {
   if (bytes == 0) return InvalidArgument("an IPC mapping needs at least one byte");
-  ScopedDevice scope(device);
+  DeviceScope scope(device);
   if (!scope.status().ok()) return scope.status();
   cudaIpcMemHandle_t h;
   std::memcpy(&h, handle.bytes.data(), kIpcHandleBytes);
@@ -147,7 +121,7 @@ IpcMapping& IpcMapping::operator=(IpcMapping&& other) noexcept {
 
 void IpcMapping::Reset() {
   if (data_ == nullptr) return;
-  ScopedDevice scope(device_);
+  DeviceScope scope(device_);
   cudaIpcCloseMemHandle(data_);
   cudaGetLastError();
   data_ = nullptr;

@@ -23,14 +23,15 @@
 //  - The mapping is read-write; there is no read-only import.
 //
 // Everything here needs only the C++ standard library and the CUDA runtime (it builds on
-// the GPU machine in KVARN_KERNELS_ONLY mode). Errors are CodecStatus: FAILED_PRECONDITION
+// the GPU machine in KVARN_KERNELS_ONLY mode). Daemon and client share it; the handles travel
+// only on the authenticated descriptor channel (daemon/service/descriptor_server.h). Errors are CodecStatus: FAILED_PRECONDITION
 // without a usable device, INVALID_ARGUMENT for a malformed handle or size, UNAVAILABLE when
 // device memory is exhausted, INTERNAL for any other CUDA error.
 //
 // Thread safety: the types are move-only values, safe to use from one thread at a time each;
 // SharedMapping::Acquire and the destructors may run concurrently from any threads.
-#ifndef KVARN_KERNELS_CUDA_IPC_H_
-#define KVARN_KERNELS_CUDA_IPC_H_
+#ifndef KVARN_COMMON_CUDA_IPC_H_
+#define KVARN_COMMON_CUDA_IPC_H_
 
 #include <array>
 #include <cstddef>
@@ -44,27 +45,6 @@
 #include "kernels/status.h"
 
 namespace kvarn::cuda {
-
-// A value or the reason there is none (the kernels' StatusOr: they carry no Abseil).
-template <typename T>
-class [[nodiscard]] Expected {
- public:
-  Expected(T value) : value_(std::move(value)) {}  // NOLINT: implicit like StatusOr
-  // REQUIRES: !status.ok().
-  Expected(CodecStatus status) : status_(std::move(status)) {}  // NOLINT
-  bool ok() const { return value_.has_value(); }
-  const CodecStatus& status() const { return status_; }
-  // REQUIRES: ok().
-  T& value() & { return *value_; }
-  T&& value() && { return std::move(*value_); }
-  T& operator*() & { return *value_; }
-  T* operator->() { return &*value_; }
-  const T* operator->() const { return &*value_; }
-
- private:
-  CodecStatus status_;
-  std::optional<T> value_;
-};
 
 // The bytes of a cudaIpcMemHandle_t.
 inline constexpr size_t kIpcHandleBytes = 64;
@@ -183,4 +163,4 @@ class SharedMapping {
 
 }  // namespace kvarn::cuda
 
-#endif  // KVARN_KERNELS_CUDA_IPC_H_
+#endif  // KVARN_COMMON_CUDA_IPC_H_

@@ -1,0 +1,205 @@
+#include "daemon/service/watch_hub.h"
+
+#include <utility>
+
+#include "daemon/service/convert.h"
+
+namespace kvarn {
+
+class WatchHub::Stream final : public grpc::ServerWriteReactor<v1::BlockEvent> {
+ public:
+  // Starts finished (with `refusal`) when the grant was refused.
+  Stream(WatchHub* hub, const SessionRef& ref, absl::StatusOr<WatchGrant> grant, uint64_t after)
+      : hub_(hub), ref_(ref), after_(after) {
+    if (!grant.ok()) {
+      granted_ = false;
+      finished_ = true;
+      Finish(ToGrpc(grant.status()));
+      return;
+    }
+    grant_ = *grant;
+  }
+
+  const SessionRef& ref() const { return ref_; }
+  bool granted() const { return granted_; }
+  void Ref() { refs_.fetch_add(1, std::memory_order_relaxed); }
+  void Unref() {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+
+  // Queues the events this stream may see (newer than its start) and writes if idle.
+  void Push(const std::vector<std::pair<BlockEvent, std::string>>& events) {
+    v1::BlockEvent* write = nullptr;
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      for (const auto& [e, tenant] : events) {
+        if (e.seq <= after_ || (!grant_.all_tenants && e.tenant != grant_.tenant)) continue;
+        if (queue_.size() >= kMaxQueued) {
+          queue_.clear();
+          pending_finish_ = grpc::Status(grpc::StatusCode::DATA_LOSS, "watcher fell behind; re-sync and watch again");
+          break;
+        }
+        v1::BlockEvent out;
+        ToProto(e, tenant, &out);
+        queue_.push_back(std::move(out));
+      }
+      if (!writing_) NextLocked(&write, &finish);
+    }
+    Issue(write, finish);
+  }
+
+  // Ends the stream with `status` once the write in flight, if any, is done.
+  void End(grpc::Status status) {
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_ || pending_finish_.has_value()) return;
+      queue_.clear();
+      pending_finish_ = std::move(status);
+      v1::BlockEvent* write = nullptr;
+      if (!writing_) NextLocked(&write, &finish);
+    }
+    Issue(nullptr, finish);
+  }
+
+  void OnWriteDone(bool ok) override {
+    v1::BlockEvent* write = nullptr;
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok && !pending_finish_.has_value()) {  // the client went away
+        queue_.clear();
+        pending_finish_ = grpc::Status::OK;
+      }
+      NextLocked(&write, &finish);
+    }
+    Issue(write, finish);
+  }
+
+  void OnCancel() override { End(grpc::Status::CANCELLED); }
+
+  void OnDone() override {
+    hub_->Unregister(this);
+    if (granted_) hub_->core_->ReleaseWatcher(ref_.session);
+    Unref();  // gRPC's reference
+  }
+
+ private:
+  // Picks the next action: a write of the queue's head, or the pending finish.
+  void NextLocked(v1::BlockEvent** write, std::optional<grpc::Status>* finish) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_ || writing_) return;
+    if (!queue_.empty() && !pending_finish_.has_value()) {
+      current_ = std::move(queue_.front());
+      queue_.pop_front();
+      writing_ = true;
+      *write = &current_;
+    } else if (pending_finish_.has_value()) {
+      finished_ = true;
+      *finish = *pending_finish_;
+    }
+  }
+  void Issue(v1::BlockEvent* write, const std::optional<grpc::Status>& finish) {
+    if (write != nullptr) StartWrite(write);
+    if (finish.has_value()) Finish(*finish);
+  }
+
+  WatchHub* const hub_;
+  const SessionRef ref_;
+  const uint64_t after_;  // events up to this one happened before the call
+  WatchGrant grant_;
+  bool granted_ = true;
+  std::atomic<int> refs_{1};  // gRPC's, until OnDone
+  absl::Mutex mu_;
+  std::deque<v1::BlockEvent> queue_ ABSL_GUARDED_BY(mu_);
+  v1::BlockEvent current_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<grpc::Status> pending_finish_ ABSL_GUARDED_BY(mu_);
+};
+
+WatchHub::WatchHub(KvCore* core, absl::Duration poll) : core_(core), poll_(poll) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+WatchHub::~WatchHub() { Stop(); }
+
+grpc::ServerWriteReactor<v1::BlockEvent>* WatchHub::Open(const SessionRef& ref) {
+  // The start is taken before the grant, so nothing after the call is missed.
+  const uint64_t after = core_->events().last_seq();
+  absl::StatusOr<WatchGrant> grant = core_->AcquireWatcher(ref);
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_ && grant.ok()) {
+      core_->ReleaseWatcher(ref.session);
+      grant = absl::UnavailableError("kvarnd is shutting down");
+    }
+    auto* s = new Stream(this, ref, grant, after);
+    if (s->granted()) streams_.insert(s);
+    return s;
+  }
+}
+
+void WatchHub::Unregister(Stream* s) {
+  absl::MutexLock lock(&mu_);
+  streams_.erase(s);
+}
+
+size_t WatchHub::streams() const {
+  absl::MutexLock lock(&mu_);
+  return streams_.size();
+}
+
+void WatchHub::Loop() {
+  uint64_t cursor = core_->events().last_seq();
+  uint64_t ended_seen = core_->sessions_ended();
+  for (;;) {
+    bool lost = false;
+    const std::vector<BlockEvent> events = core_->events().Read(cursor, 1024, poll_, &lost);
+    std::vector<std::pair<BlockEvent, std::string>> named;
+    named.reserve(events.size());
+    for (const BlockEvent& e : events) {
+      cursor = e.seq;
+      named.emplace_back(e, core_->TenantName(e.tenant));
+    }
+    const uint64_t ended = core_->sessions_ended();
+    const bool check_sessions = ended != ended_seen;
+    ended_seen = ended;
+    std::vector<Stream*> snapshot;
+    bool stopping;
+    {
+      absl::MutexLock lock(&mu_);
+      stopping = stopping_;
+      snapshot.assign(streams_.begin(), streams_.end());
+      for (Stream* s : snapshot) s->Ref();
+    }
+    for (Stream* s : snapshot) {
+      if (stopping) {
+        s->End(grpc::Status::OK);
+      } else if (lost) {
+        s->End(grpc::Status(grpc::StatusCode::DATA_LOSS, "watcher fell behind the event log; re-sync and watch again"));
+      } else {
+        if (!named.empty()) s->Push(named);
+        if (check_sessions) {
+          if (absl::Status alive = core_->CheckSession(s->ref()); !alive.ok()) s->End(ToGrpc(alive));
+        }
+      }
+      s->Unref();
+    }
+    if (stopping) return;
+    if (lost) cursor = core_->events().last_seq();
+  }
+}
+
+void WatchHub::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace kvarn
