@@ -8,7 +8,7 @@ packages=(
   build-essential g++ clang cmake ninja-build git ccache pkg-config python3
   # libraries
   libhwy-dev libabsl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
-  libboost-dev libssl-dev
+  libboost-dev libssl-dev openssl
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
   # promtool validates the metrics exposition in the tests

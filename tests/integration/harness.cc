@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -67,6 +68,7 @@ std::string ReadFile(const std::string& path) {
 
 std::string KvarndBinary() { return KVARN_IT_KVARND; }
 std::string TestClientBinary() { return KVARN_IT_TEST_CLIENT; }
+std::string AttackerBinary() { return KVARN_IT_ATTACKER; }
 std::string PromtoolBinary() {
   const char* env = std::getenv("KVARN_PROMTOOL");
   return env != nullptr ? env : KVARN_IT_PROMTOOL;
@@ -93,6 +95,19 @@ TempDir::~TempDir() {
   std::error_code ec;
   if (path_ != "/tmp") std::filesystem::remove_all(path_, ec);
 }
+
+std::optional<RunAs> UnprivilegedUser() {
+  if (geteuid() != 0) return std::nullopt;
+  return RunAs{65534, 65534};  // nobody / nogroup
+}
+
+namespace {
+// In a forked child before exec: become `who` (async-signal-safe calls only).
+void BecomeUser(const std::optional<RunAs>& who) {
+  if (!who.has_value()) return;
+  if (setgroups(0, nullptr) != 0 || setgid(who->gid) != 0 || setuid(who->uid) != 0) _exit(126);
+}
+}  // namespace
 
 std::string UniqueInstance() {
   static std::atomic<int> counter{0};
@@ -153,6 +168,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
   d->instance_ = o.instance.empty() ? UniqueInstance() : o.instance;
   d->socket_path_ = o.socket_path.empty() ? d->dir_->path() + "/kvarnd.sock" : o.socket_path;
   d->log_path_ = d->dir_->path() + "/kvarnd.log";
+  if (o.run_as.has_value() && chown(d->dir_->path().c_str(), o.run_as->uid, o.run_as->gid) != 0) {
+    return absl::InternalError(absl::StrCat("cannot hand ", d->dir_->path(), " to uid ", o.run_as->uid));
+  }
   const Layout l = SmallLayout();
   std::vector<std::string> args = {
       "--listen=" + d->socket_path_,
@@ -174,12 +192,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
   const int log = open(d->log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (log < 0) return absl::InternalError(absl::StrCat("cannot create ", d->log_path_));
   const int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  const std::optional<RunAs> run_as = o.run_as;
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {
     dup2(devnull, 0);
     dup2(log, 1);
     dup2(log, 2);
+    BecomeUser(run_as);
     execv(argv.ptrs[0], argv.ptrs.data());
     _exit(127);
   }
@@ -194,6 +214,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
       const std::string line = text.substr(at, text.find('\n', at) - at);
       const auto f = ParseFields(line);
       d->metrics_port_ = static_cast<int>(FieldU64(f, "metrics_port"));
+      d->tcp_port_ = static_cast<int>(FieldU64(f, "tcp_port"));
       d->epoch_ = FieldU64(f, "epoch");
       if (FieldU64(f, "pid") != static_cast<uint64_t>(pid)) {
         return absl::InternalError(absl::StrCat("kvarnd_started names pid ", f.count("pid") ? f.at("pid") : "?"));
@@ -255,7 +276,8 @@ absl::StatusOr<std::unique_ptr<Client>> Daemon::Connect() const {
   return Client::Connect(target(), o, absl::Seconds(10));
 }
 
-absl::StatusOr<std::unique_ptr<Child>> Child::Spawn(const std::string& binary, const std::vector<std::string>& args) {
+absl::StatusOr<std::unique_ptr<Child>> Child::Spawn(const std::string& binary, const std::vector<std::string>& args,
+                                                    std::optional<RunAs> run_as) {
   int in[2], out[2];
   if (pipe2(in, O_CLOEXEC) != 0) return absl::InternalError("pipe");
   if (pipe2(out, O_CLOEXEC) != 0) {
@@ -269,6 +291,7 @@ absl::StatusOr<std::unique_ptr<Child>> Child::Spawn(const std::string& binary, c
   if (pid == 0) {
     dup2(in[0], 0);
     dup2(out[1], 1);
+    BecomeUser(run_as);
     execv(argv.ptrs[0], argv.ptrs.data());
     _exit(127);
   }

@@ -30,6 +30,7 @@ namespace kvarn::it {
 // Paths compiled in by CMake.
 std::string KvarndBinary();
 std::string TestClientBinary();
+std::string AttackerBinary();
 std::string PromtoolBinary();
 
 // The small model every integration test uses: L=2 layers, 2 kv-heads, D=64, 64-token tiles,
@@ -67,10 +68,21 @@ struct DaemonSegment {
 };
 absl::StatusOr<std::vector<DaemonSegment>> DaemonSegments(pid_t pid);
 
+// A user to run a process as.
+struct RunAs {
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+// When the tests run as root: an unprivileged user (nobody) for daemons and attackers, so
+// that what a same-uid process cannot do is tested as such. nullopt when the tests already
+// run unprivileged (then everything runs as this user).
+std::optional<RunAs> UnprivilegedUser();
+
 struct DaemonOptions {
   std::string instance;                 // default: UniqueInstance()
   std::string socket_path;              // default: <tempdir>/kvarnd.sock
   std::vector<std::string> extra_flags;  // "--key=value", appended after the defaults
+  std::optional<RunAs> run_as;          // the daemon's user (its directory is handed to it)
 };
 
 // A kvarnd process. Start waits until it logged kvarnd_started (its segments exist, gRPC and
@@ -85,8 +97,11 @@ class Daemon {
   const std::string& socket_path() const { return socket_path_; }
   std::string target() const { return "unix:" + socket_path_; }
   int metrics_port() const { return metrics_port_; }
+  int tcp_port() const { return tcp_port_; }  // 0 without --tcp
   uint64_t epoch() const { return epoch_; }
   const std::string& log_path() const { return log_path_; }
+  // The daemon's own directory (socket, log; owned by its user).
+  const std::string& dir() const { return dir_->path(); }
   std::string Log() const;  // the daemon's stderr so far
   bool Running();
 
@@ -105,6 +120,7 @@ class Daemon {
   pid_t pid_ = -1;
   std::string instance_, socket_path_, log_path_;
   int metrics_port_ = 0;
+  int tcp_port_ = 0;
   uint64_t epoch_ = 0;
 };
 
@@ -113,7 +129,8 @@ class Daemon {
 class Child {
  public:
   static absl::StatusOr<std::unique_ptr<Child>> Spawn(const std::string& binary,
-                                                      const std::vector<std::string>& args);
+                                                      const std::vector<std::string>& args,
+                                                      std::optional<RunAs> run_as = std::nullopt);
   ~Child();  // SIGKILL + reap if still running
 
   pid_t pid() const { return pid_; }
