@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace kvarn::ctl {
 
@@ -15,6 +16,14 @@ void DaemonFlags::Register(FlagSet* flags) {
   target = env != nullptr ? env : "unix:/tmp/kvarnd.sock";
   flags->String("target", &target, "ADDR", "kvarnd address: unix:/path or host:port (default $KVARN_TARGET, else unix:/tmp/kvarnd.sock)");
   flags->String("tenant", &tenant, "NAME", "tenant of the session (default kvarnctl)");
+  const char* token_env = std::getenv("KVARN_TENANT_TOKEN_FILE");
+  tenant_token_file = token_env != nullptr ? token_env : "";
+  flags->String("tenant-token-file", &tenant_token_file, "FILE",
+                "file whose first line is the tenant's token, when kvarnd authenticates tenants (default $KVARN_TENANT_TOKEN_FILE)");
+  flags->String("tls-ca", &tls_ca, "FILE", "TCP targets: connect with TLS, verifying kvarnd against this PEM CA");
+  flags->String("tls-cert", &tls_cert, "FILE", "TCP targets: this client's PEM certificate (mutual TLS)");
+  flags->String("tls-key", &tls_key, "FILE", "TCP targets: this client's PEM private key (mutual TLS)");
+  flags->String("tls-server-name", &tls_server_name, "NAME", "TCP targets: the name kvarnd's certificate must carry");
   flags->String("admin-token", &admin_token, "TOKEN", "admin token, for operations across tenants");
   flags->String("admin-token-file", &admin_token_file, "FILE", "file holding the admin token (kvarnd's admin_token_file)");
 }
@@ -37,10 +46,47 @@ CodecStatus ToCli(const absl::Status& s) {
   }
 }
 
+namespace {
+
+absl::StatusOr<std::string> ReadWhole(const std::string& path, const char* what) {
+  std::ifstream f(path);
+  if (!f) return absl::FailedPreconditionError(absl::StrCat("cannot read ", what, " ", path));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
 absl::StatusOr<Connection> Connect(const DaemonFlags& flags, bool observer, uint32_t max_sequences,
                                    const std::string& client_name) {
   Connection c;
-  auto client = Client::Connect(flags.target, {}, absl::Seconds(5));
+  ClientOptions co;
+  if (!flags.tls_ca.empty() || !flags.tls_cert.empty()) {
+    co.tls = true;
+    if (!flags.tls_ca.empty()) {
+      auto ca = ReadWhole(flags.tls_ca, "--tls-ca");
+      if (!ca.ok()) return ca.status();
+      co.tls_root_certs = *ca;
+    }
+    if (flags.tls_cert.empty() != flags.tls_key.empty()) return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+    if (!flags.tls_cert.empty()) {
+      auto cert = ReadWhole(flags.tls_cert, "--tls-cert");
+      if (!cert.ok()) return cert.status();
+      auto key = ReadWhole(flags.tls_key, "--tls-key");
+      if (!key.ok()) return key.status();
+      co.tls_cert_chain = *cert;
+      co.tls_private_key = *key;
+    }
+    co.tls_server_name = flags.tls_server_name;
+  }
+  std::string tenant_token;
+  if (!flags.tenant_token_file.empty()) {
+    auto t = ReadWhole(flags.tenant_token_file, "--tenant-token-file");
+    if (!t.ok()) return t.status();
+    tenant_token = t->substr(0, t->find('\n'));
+  }
+  auto client = Client::Connect(flags.target, co, absl::Seconds(5));
   if (!client.ok()) return client.status();
   c.client = std::move(*client);
   auto d = c.client->Describe();
@@ -48,6 +94,7 @@ absl::StatusOr<Connection> Connect(const DaemonFlags& flags, bool observer, uint
   c.daemon = *d;
   SessionOptions o;
   o.tenant = flags.tenant;
+  o.tenant_token = tenant_token;
   o.layout = Client::LayoutOf(*d);
   o.observer = observer;
   o.max_sequences = max_sequences;

@@ -25,8 +25,10 @@ int RunDemo(std::span<const std::string> args, const CommandIo& io);
 struct DaemonFlags {
   std::string target;  // default: $KVARN_TARGET, else unix:/tmp/kvarnd.sock
   std::string tenant = "kvarnctl";
+  std::string tenant_token_file;  // default: $KVARN_TENANT_TOKEN_FILE
   std::string admin_token;
   std::string admin_token_file;
+  std::string tls_ca, tls_cert, tls_key, tls_server_name;
   void Register(FlagSet* flags);
   std::string AdminToken() const;  // the token, or the first line of the token file
 };
