@@ -1,5 +1,7 @@
 #include "kernels/preset.h"
 
+#include <cassert>
+
 
 namespace kvarn {
 namespace {
@@ -29,6 +31,7 @@ std::string Preset::Name() const {
 }
 
 size_t Preset::RecordBytes(int head_dim) const {
+  assert(CheckHeadDim(head_dim).ok());
   if (method == Method::kFp16) {
     return 2 * 2 * static_cast<size_t>(tile_tokens) * static_cast<size_t>(head_dim);
   }

@@ -1,6 +1,7 @@
 // The scalar reference codec: KVARN_SPEC.md written out literally, one element at a time,
 // with standard deviations accumulated in double. Kept for tests; everything else runs
 // the SIMD codec (codec_simd.cc), which must agree with this one.
+#include <cassert>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -15,6 +16,7 @@
 namespace kvarn {
 
 void FwhtInPlace(float* x, int n) {
+  assert(n > 0 && (n & (n - 1)) == 0);
   for (int h = 1; h < n; h *= 2) {
     for (int i = 0; i < n; i += 2 * h) {
       for (int j = i; j < i + h; ++j) {

@@ -26,6 +26,7 @@
 #endif
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 
 #include "hwy/contrib/math/math-inl.h"
@@ -219,6 +220,7 @@ HWY_INLINE void Balance(const float* HWY_RESTRICT m_float, size_t rows, size_t c
                         bool rows_first, int iterations, BalanceScratch& s,
                         float* HWY_RESTRICT row_scale, float* HWY_RESTRICT row_inv,
                         float* HWY_RESTRICT col_scale, float* HWY_RESTRICT col_inv) {
+  assert((rows & (rows - 1)) == 0 && (cols & (cols - 1)) == 0 && rows >= 64 && cols >= 64);
   double* HWY_RESTRICT m = s.tile.get();
   std::fill_n(s.lr.get(), rows, 0.0f);
   std::fill_n(s.lc.get(), cols, 0.0f);

@@ -4,6 +4,7 @@
 #ifndef KVARN_KERNELS_STATUS_H_
 #define KVARN_KERNELS_STATUS_H_
 
+#include <cassert>
 #include <optional>
 #include <string>
 #include <utility>
@@ -44,15 +45,24 @@ class [[nodiscard]] Expected {
  public:
   Expected(T value) : value_(std::move(value)) {}  // NOLINT: implicit like StatusOr
   // REQUIRES: !status.ok().
-  Expected(CodecStatus status) : status_(std::move(status)) {}  // NOLINT
+  Expected(CodecStatus status) : status_(std::move(status)) { assert(!status_.ok()); }  // NOLINT
   bool ok() const { return value_.has_value(); }
   const CodecStatus& status() const { return status_; }
   // REQUIRES: ok().
-  T& value() & { return *value_; }
-  T&& value() && { return std::move(*value_); }
-  T& operator*() & { return *value_; }
-  T* operator->() { return &*value_; }
-  const T* operator->() const { return &*value_; }
+  T& value() & {
+    assert(ok());
+    return *value_;
+  }
+  T&& value() && {
+    assert(ok());
+    return std::move(*value_);
+  }
+  T& operator*() & { return value(); }
+  T* operator->() { return &value(); }
+  const T* operator->() const {
+    assert(ok());
+    return &*value_;
+  }
 
  private:
   CodecStatus status_;
