@@ -155,8 +155,10 @@ TEST_F(FillTest, FillingTwiceTheCapacityNeverExceedsItNorEvictsReferencedBlocks)
       const uint64_t ids[] = {q.id};
       IT_ASSERT_OK(s->Release(ids));
       IT_ASSERT_OK(s->Evict(v1::EvictRequest::SCOPE_TENANT).status());
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
-      live = !watcher.events().empty();
+      for (const double t0 = NowMs(); !live && NowMs() - t0 < 300;) {
+        live = !watcher.events().empty();
+        if (!live) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
     }
     ASSERT_TRUE(live) << "the Watch stream never delivered an event";
   }
@@ -264,7 +266,27 @@ TEST_F(FillTest, FillingTwiceTheCapacityNeverExceedsItNorEvictsReferencedBlocks)
   CheckStep(*s, held, "after RESOURCE_EXHAUSTED");
 
   // Watch: blocks were removed (evicted) along the way, never one that was held throughout.
-  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // the daemon polls its event log every 200 ms
+  // A marker tile (one sink block: quantized blocks are all referenced now), sealed and
+  // evicted last, tells when the stream has caught up.
+  {
+    const size_t seen = watcher.events().size();
+    const std::vector<uint32_t> marker = Tokens(9000000, kTile);
+    IT_ASSIGN_OR_FAIL(mq, s->CreateSequence(marker));
+    IT_ASSIGN_OR_FAIL(mt, AppendTokens(*s, mq.id, marker, 0, kTile));
+    ASSERT_TRUE(mt.has_sink);
+    const uint64_t mids[] = {mq.id};
+    IT_ASSERT_OK(s->Release(mids));
+    IT_ASSERT_OK(s->Evict(v1::EvictRequest::SCOPE_TENANT).status());
+    bool caught_up = false;
+    for (const double t0 = NowMs(); !caught_up && NowMs() - t0 < 10000;) {
+      const std::vector<v1::BlockEvent> ev = watcher.events();
+      for (size_t i = seen; i < ev.size(); ++i) {
+        caught_up |= ev[i].kind() == v1::BlockEvent::KIND_REMOVED && ev[i].fp16() && ev[i].block() == mt.sink_block;
+      }
+      if (!caught_up) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_TRUE(caught_up) << "the Watch stream did not deliver the marker's removal";
+  }
   watcher.Stop();
   const std::vector<v1::BlockEvent> events = watcher.events();
   size_t removed = 0, stored = 0;

@@ -508,3 +508,58 @@ TEST_F(CoreTest, BatchAppendsAreIndependent) {
 
 }  // namespace
 }  // namespace kvarn::testing
+
+namespace kvarn::testing {
+namespace {
+
+// AppendBatch through the sealer: the last token of three full tails in one call seals three
+// tiles; one tail holds a NaN the client wrote after committing, so its seal fails alone.
+TEST_F(CoreTest, BatchAppendsSealTilesAndAFailedSealChangesOnlyItsItem) {
+  MakeCore(8, 8);
+  SessionRef s = Open("a", 3);
+  std::vector<SequenceId> seqs;
+  for (int i = 0; i < 3; ++i) {
+    auto q = core_->CreateSequence(s, std::vector<uint32_t>{});
+    ASSERT_TRUE(q.ok());
+    seqs.push_back(q->sequence);
+    AppendAll(s, q->sequence, Tokens(1000 * i, 64 + 63), 0);  // a sink and 63 tail tokens
+  }
+  // The 64th token of each is staged as zeros (the tail memory starts zeroed); sequence 2's
+  // committed token 10 is overwritten with NaN in the shared tail.
+  BlockLayout l;
+  l.num_layers = 2;
+  l.num_kv_heads = 2;
+  l.head_dim = 64;
+  l.tile_tokens = 64;
+  const BlockTableView bad = core_->Table(s, seqs[2]).value();
+  auto* keys = reinterpret_cast<uint16_t*>(backend_.tails.at(0) + bad.tail_slot * l.fp16_block_bytes() + l.Fp16KeysOffset(0, 1));
+  keys[10 * 64 + 5] = 0x7E00;
+  const std::vector<uint32_t> last[3] = {{2063}, {3063}, {4063}};
+  std::vector<std::pair<SequenceId, std::span<const uint32_t>>> items;
+  for (int i = 0; i < 3; ++i) items.emplace_back(seqs[i], last[i]);
+  auto before = core_->Stats(std::nullopt);
+  auto batch = core_->AppendBatch(s, items);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  ASSERT_EQ(batch->size(), 3u);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE((*batch)[i].ok()) << (*batch)[i].status();
+    EXPECT_TRUE((*batch)[i]->sealed);
+    EXPECT_EQ((*batch)[i]->table.quant_blocks.size(), 1u);
+    EXPECT_EQ((*batch)[i]->table.tail_tokens, 0u);
+  }
+  EXPECT_EQ((*batch)[2].status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT((*batch)[2].status().message(), HasSubstr("NaN"));
+  const BlockTableView after_bad = core_->Table(s, seqs[2]).value();
+  EXPECT_EQ(after_bad.tokens, bad.tokens);
+  EXPECT_EQ(after_bad.tail_tokens, 63u);
+  EXPECT_TRUE(after_bad.quant_blocks.empty());
+  auto after = core_->Stats(std::nullopt);
+  EXPECT_EQ(after->seals, before->seals + 2);
+  EXPECT_EQ(after->quant_active, before->quant_active + 2);
+  // The sealed tiles read back within the codec's error.
+  std::vector<float> k(64 * 2 * 64), v(k.size());
+  EXPECT_TRUE(core_->Read(s, seqs[0], 0, 64, 64, k.data(), v.data()).ok());
+}
+
+}  // namespace
+}  // namespace kvarn::testing
