@@ -215,7 +215,7 @@ absl::Status Session::CheckMapped() const {
 Session::~Session() {
   stop_.store(true);
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (keepalive_ctx_) keepalive_ctx_->TryCancel();
   }
   if (keepalive_.joinable()) keepalive_.join();
@@ -233,7 +233,7 @@ void Session::KeepAliveLoop() {
   while (!stop_.load() && alive_.load()) {
     auto ctx = std::make_unique<grpc::ClientContext>();
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (stop_.load()) return;
       keepalive_ctx_ = std::move(ctx);
     }
@@ -282,7 +282,7 @@ absl::Status Session::Check(const grpc::Status& s) {
 }
 
 SequenceTable Session::Remember(uint64_t seq, const v1::BlockTable& table) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   SeqState& st = seqs_[seq];
   if (table.blocks_omitted()) {
     // The daemon left out the block ids: unchanged since the table we hold.
@@ -322,7 +322,7 @@ absl::Status Session::Stage(uint64_t seq, int n, const void* keys, const void* v
   uint8_t* slot;
   int first;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = seqs_.find(seq);
     if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
     slot = TailBase() + static_cast<size_t>(it->second.table.tail_slot) * layout_.fp16_block_bytes();
@@ -335,7 +335,7 @@ absl::Status Session::Stage(uint64_t seq, int n, const void* keys, const void* v
     const CodecStatus s = Codec::Default().StoreTokens(preset_, layout_, slot, first, n, keys, values, dtype);
     if (!s.ok()) return absl::InvalidArgumentError(s.message());
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   seqs_[seq].staged += n;
   return absl::OkStatus();
 }
@@ -349,14 +349,14 @@ absl::Status Session::StageDevice(uint64_t seq, int n, const void* keys, const v
       !s.ok()) {
     return s;
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   seqs_[seq].staged += n;
   return absl::OkStatus();
 }
 
 absl::Status Session::MarkStaged(uint64_t seq, int n) {
   if (absl::Status m = CheckMapped(); !m.ok()) return m;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
   const int first = static_cast<int>(it->second.table.tail_tokens) + it->second.staged;
@@ -370,7 +370,7 @@ absl::Status Session::MarkStaged(uint64_t seq, int n) {
 
 absl::StatusOr<AppendInfo> Session::Commit(uint64_t seq, std::span<const uint32_t> ids) {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = seqs_.find(seq);
     if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
     if (static_cast<int>(ids.size()) != it->second.staged) {
@@ -408,7 +408,7 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> Session::CommitBatch(
   v1::AppendBatchRequest req;
   *req.mutable_session() = Ref();
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     for (size_t i = 0; i < items.size(); ++i) {
       const auto& [seq, ids] = items[i];
       auto it = seqs_.find(seq);
@@ -477,20 +477,20 @@ absl::Status Session::Release(std::span<const uint64_t> seqs) {
   v1::ReleaseResponse resp;
   grpc::ClientContext ctx;
   if (absl::Status s = Check(client_->stub().Release(Prepare(&ctx), req, &resp)); !s.ok()) return s;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (uint64_t q : seqs) seqs_.erase(q);
   return absl::OkStatus();
 }
 
 absl::StatusOr<SequenceTable> Session::Table(uint64_t seq) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
   return it->second.table;
 }
 
 absl::StatusOr<std::pair<uint8_t*, int>> Session::TailSlot(uint64_t seq) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
   return std::make_pair(TailBase() + static_cast<size_t>(it->second.table.tail_slot) * layout_.fp16_block_bytes(),

@@ -47,7 +47,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/shared_memory.h"
 #include "kernels/block_layout.h"
@@ -274,7 +274,7 @@ class Session {
   std::atomic<bool> stop_{false};
   std::unique_ptr<grpc::ClientContext> keepalive_ctx_;
   std::thread keepalive_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   absl::flat_hash_map<uint64_t, SeqState> seqs_ ABSL_GUARDED_BY(mu_);
 };
 

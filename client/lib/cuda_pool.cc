@@ -11,7 +11,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "kernels/cuda/cuda_codec.h"
 #include "common/cuda_status.h"
 #include "kernels/cuda/device_scope.h"
@@ -43,7 +43,7 @@ class CudaDevicePool final : public DevicePool {
         device_(device) {}
   ~CudaDevicePool() override {
     ScopedDevice scope(device_);
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     free_.clear();
   }
 
@@ -76,7 +76,7 @@ class CudaDevicePool final : public DevicePool {
     Lease& operator=(Lease&&) = delete;
     ~Lease() {
       if (s_ != nullptr) {
-        absl::MutexLock lock(&owner_->mu_);
+        MutexLock lock(&owner_->mu_);
         owner_->free_.push_back(std::move(s_));
       }
     }
@@ -90,7 +90,7 @@ class CudaDevicePool final : public DevicePool {
   absl::StatusOr<Lease> TakeScratch(size_t bytes) ABSL_LOCKS_EXCLUDED(mu_) {
     std::unique_ptr<Scratch> s;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (!free_.empty()) {
         s = std::move(free_.back());
         free_.pop_back();
@@ -121,7 +121,7 @@ class CudaDevicePool final : public DevicePool {
   uint8_t* sink_ptr_ = nullptr;
   uint8_t* tail_ptr_ = nullptr;
   int64_t quant_blocks_ = 0;
-  absl::Mutex mu_;
+  Mutex mu_;
   std::vector<std::unique_ptr<Scratch>> free_ ABSL_GUARDED_BY(mu_);
 };
 

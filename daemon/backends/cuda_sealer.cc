@@ -136,12 +136,12 @@ CudaSealer::CudaSealer(const Preset& preset, const BlockLayout& layout, int devi
 
 CudaSealer::~CudaSealer() {
   ScopedDevice scope(device_);
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   free_lanes_.clear();
 }
 
 int CudaSealer::lanes_created() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return lanes_created_;
 }
 
@@ -165,7 +165,7 @@ absl::StatusOr<std::unique_ptr<CudaSealer::Lane>> CudaSealer::NewLane() const {
 
 absl::StatusOr<CudaSealer::LaneLease> CudaSealer::Acquire() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     while (free_lanes_.empty() && lanes_created_ >= max_lanes_) lane_free_.Wait(&mu_);
     if (!free_lanes_.empty()) {
       std::unique_ptr<Lane> lane = std::move(free_lanes_.back());
@@ -176,7 +176,7 @@ absl::StatusOr<CudaSealer::LaneLease> CudaSealer::Acquire() {
   }
   absl::StatusOr<std::unique_ptr<Lane>> lane = NewLane();
   if (!lane.ok()) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     --lanes_created_;
     lane_free_.Signal();
     return lane.status();
@@ -185,7 +185,7 @@ absl::StatusOr<CudaSealer::LaneLease> CudaSealer::Acquire() {
 }
 
 void CudaSealer::Return(std::unique_ptr<Lane> lane) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   free_lanes_.push_back(std::move(lane));
   lane_free_.Signal();
 }

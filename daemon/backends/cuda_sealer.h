@@ -32,7 +32,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "daemon/core/sealer.h"
 #include "kernels/block_layout.h"
 #include "kernels/preset.h"
@@ -78,8 +78,8 @@ class CudaSealer final : public Sealer {
   const int device_;
   const int max_lanes_;
 
-  mutable absl::Mutex mu_;
-  absl::CondVar lane_free_;  // signalled when a lane is returned or a reservation fails
+  mutable Mutex mu_;
+  CondVar lane_free_;  // signalled when a lane is returned or a reservation fails
   std::vector<std::unique_ptr<Lane>> free_lanes_ ABSL_GUARDED_BY(mu_);
   int lanes_created_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 
 namespace kvarn {
 
@@ -62,7 +62,7 @@ class RetentionList {
   // Keeps `item` (`bytes` of memory) while `owner` runs; destroys it at once otherwise.
   void Retain(const ProcessOwner& owner, uint64_t bytes, T item) ABSL_LOCKS_EXCLUDED(mu_) {
     if (!Alive(owner)) return;  // `item` is destroyed on return
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     entries_.push_back(Entry{owner, bytes, std::move(item)});
   }
 
@@ -71,7 +71,7 @@ class RetentionList {
     std::vector<Entry> gone;
     uint64_t kept = 0;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       std::vector<Entry> live;
       for (Entry& e : entries_) {
         if (Alive(e.owner)) {
@@ -89,7 +89,7 @@ class RetentionList {
   // Hands back a retained item of `owner` of exactly `bytes` for reuse by the same process
   // (which may still have it mapped, so no one else may get it); nullopt when none.
   std::optional<T> Take(const ProcessOwner& owner, uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     for (auto it = entries_.begin(); it != entries_.end(); ++it) {
       if (it->owner == owner && it->bytes == bytes) {
         std::optional<T> item(std::move(it->item));
@@ -101,13 +101,13 @@ class RetentionList {
   }
 
   uint64_t bytes() const ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     uint64_t b = 0;
     for (const Entry& e : entries_) b += e.bytes;
     return b;
   }
   size_t size() const ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return entries_.size();
   }
 
@@ -124,7 +124,7 @@ class RetentionList {
 
   const ProcessProbe* const probe_;
   const int self_pid_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);
 };
 

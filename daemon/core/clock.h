@@ -3,7 +3,7 @@
 #ifndef KVARN_DAEMON_CORE_CLOCK_H_
 #define KVARN_DAEMON_CORE_CLOCK_H_
 
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -29,16 +29,16 @@ class FakeClock final : public Clock {
  public:
   explicit FakeClock(absl::Time start = absl::UnixEpoch() + absl::Hours(24)) : now_(start) {}
   absl::Time Now() const override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return now_;
   }
   void Advance(absl::Duration d) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     now_ += d;
   }
 
  private:
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   absl::Time now_ ABSL_GUARDED_BY(mu_);
 };
 

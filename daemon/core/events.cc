@@ -3,17 +3,20 @@
 namespace kvarn {
 
 void EventLog::Append(BlockEvent e) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   e.seq = next_seq_++;
   events_.push_back(e);
   if (events_.size() > capacity_) events_.pop_front();
+  arrived_.SignalAll();
 }
 
 std::vector<BlockEvent> EventLog::Read(uint64_t after, size_t max, absl::Duration timeout,
                                        bool* lost) {
-  absl::MutexLock lock(&mu_);
-  const auto ready = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return next_seq_ - 1 > after; };
-  mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+  const absl::Time deadline = absl::Now() + timeout;
+  MutexLock lock(&mu_);
+  while (next_seq_ - 1 <= after) {
+    if (arrived_.WaitUntil(&mu_, deadline)) break;
+  }
   std::vector<BlockEvent> out;
   *lost = !events_.empty() && events_.front().seq > after + 1;
   for (const BlockEvent& e : events_) {
@@ -25,7 +28,7 @@ std::vector<BlockEvent> EventLog::Read(uint64_t after, size_t max, absl::Duratio
 }
 
 uint64_t EventLog::last_seq() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return next_seq_ - 1;
 }
 

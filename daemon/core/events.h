@@ -7,7 +7,7 @@
 #include <deque>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/core/prefix_hash.h"
 
@@ -38,9 +38,10 @@ class EventLog {
 
  private:
   const size_t capacity_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::deque<BlockEvent> events_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  CondVar arrived_;  // signalled on every Append
 };
 
 }  // namespace kvarn

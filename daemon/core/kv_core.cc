@@ -134,17 +134,17 @@ absl::Status KvCore::ConfigureTenants(const std::vector<TenantSpec>& specs) {
 }
 
 bool KvCore::tenants_configured() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return tenants_.configured();
 }
 
 std::string KvCore::TenantName(uint32_t tenant) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return tenant < tenants_.size() ? tenants_.get(tenant).name : std::string();
 }
 
 std::vector<TenantReport> KvCore::TenantReports() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::vector<TenantReport> out;
   if (!tenants_.configured()) return out;
   for (uint32_t t = 0; t < tenants_.size(); ++t) {
@@ -320,7 +320,7 @@ void KvCore::DetachStream(SessionId id) {
 }
 
 absl::Status KvCore::CheckSession(const SessionRef& ref) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return sessions_.Find(ref).status();
 }
 
@@ -430,7 +430,7 @@ absl::StatusOr<KvCore::HashedPrompt> KvCore::PromptHashes(const SessionRef& ref,
   }
   BlockHash ns;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto s = sessions_.Find(ref);
     if (!s.ok()) return s.status();
     ns = tenants_.get((*s)->tenant).ns;
@@ -491,7 +491,7 @@ absl::StatusOr<uint64_t> KvCore::Lookup(const SessionRef& ref, std::span<const u
   auto hashed = PromptHashes(ref, prompt);
   if (!hashed.ok()) return hashed.status();
   const std::vector<BlockHash>& hashes = hashed->hashes;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   uint64_t tokens = 0;
   for (size_t i = 0; i < hashes.size(); ++i) {
     const std::optional<BlockRef> hit = pools_.Find(hashes[i]);
@@ -527,7 +527,7 @@ absl::StatusOr<BlockTableView> KvCore::Table(const SessionRef& ref, SequenceId s
 }
 
 void KvCore::BeginDrain() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   draining_ = true;
 }
 

@@ -35,7 +35,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "daemon/core/block_pool.h"
 #include "daemon/core/clock.h"
 #include "daemon/core/core_types.h"
@@ -208,7 +208,7 @@ class KvCore {
   EventLog events_;
   std::atomic<uint64_t> sessions_ended_{0};
 
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   UsageLedger usage_ ABSL_GUARDED_BY(mu_);
   TenantRegistry tenants_ ABSL_GUARDED_BY(mu_);
   SessionTable sessions_ ABSL_GUARDED_BY(mu_);

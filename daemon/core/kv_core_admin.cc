@@ -121,7 +121,7 @@ void KvCore::ReleaseWatcher(SessionId id) {
 }
 
 absl::StatusOr<CoreStats> KvCore::Stats(std::optional<SessionRef> ref) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   bool admin = true;
   uint32_t tenant = 0;
   if (ref.has_value()) {
@@ -182,7 +182,7 @@ absl::StatusOr<CoreStats> KvCore::Stats(std::optional<SessionRef> ref) const {
 }
 
 absl::StatusOr<std::vector<SequenceStats>> KvCore::ListSequences(const SessionRef& ref) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto s = sessions_.Find(ref);
   if (!s.ok()) return s.status();
   std::vector<SequenceStats> out;
@@ -204,7 +204,7 @@ absl::StatusOr<std::vector<SequenceStats>> KvCore::ListSequences(const SessionRe
 }
 
 absl::Status KvCore::CheckInvariants() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (absl::Status s = pools_.CheckInvariants(); !s.ok()) return s;
   // Every reference belongs to a sequence (or an in-flight append of one).
   std::vector<uint32_t> refs[2] = {std::vector<uint32_t>(pools_.pool(BlockClass::kQuant).total(), 0),

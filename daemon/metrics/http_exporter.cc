@@ -153,7 +153,7 @@ absl::StatusOr<std::unique_ptr<HttpExporter>> HttpExporter::Start(const Registry
   std::unique_ptr<HttpExporter> exporter(
       new HttpExporter(registry, std::move(options), *std::move(listener), std::move(wake), *port));
   HttpExporter* self = exporter.get();
-  absl::MutexLock lock(&exporter->stop_mu_);
+  MutexLock lock(&exporter->stop_mu_);
   exporter->thread_ = std::thread([self] {
     ::pthread_setname_np(::pthread_self(), "kvarn-metrics");
     self->Serve();
@@ -172,7 +172,7 @@ HttpExporter::HttpExporter(const Registry* registry, Options options, UniqueFd l
 HttpExporter::~HttpExporter() { Stop(); }
 
 void HttpExporter::Stop() {
-  absl::MutexLock lock(&stop_mu_);
+  MutexLock lock(&stop_mu_);
   if (!thread_.joinable()) return;
   const uint64_t one = 1;
   // An eventfd write of 1 cannot fail short of overflowing 2^64 - 2 pending wake-ups.

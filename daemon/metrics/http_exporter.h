@@ -29,7 +29,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/unique_fd.h"
 #include "daemon/metrics/http_request.h"
@@ -117,7 +117,7 @@ class HttpExporter {
   const UniqueFd wake_;  // eventfd: Stop() writes to it, which ends Serve()
   const uint16_t port_;
 
-  absl::Mutex stop_mu_;
+  Mutex stop_mu_;
   std::thread thread_ ABSL_GUARDED_BY(stop_mu_);
   // Used by the server thread while it runs; Stop() closes it after joining, so connections
   // still waiting in the accept queue are refused rather than left hanging.

@@ -174,7 +174,7 @@ absl::StatusOr<T*> Family<T>::TryWithLabels(absl::Span<const absl::string_view> 
 
 template <typename T>
 T& Family<T>::FindOrCreate(absl::Span<const absl::string_view> values) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = series_.find(values);
   if (it == series_.end()) {
     std::unique_ptr<T> series;
@@ -190,7 +190,7 @@ T& Family<T>::FindOrCreate(absl::Span<const absl::string_view> values) {
 
 template <typename T>
 void Family<T>::AppendText(std::string* out) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (series_.empty()) return;
   AppendHeader(out);
   for (const auto& [values, series] : series_) AppendSeries(*this, values, *series, out);
@@ -204,7 +204,7 @@ absl::Status CallbackFamily::SetCallback(absl::Span<const absl::string_view> val
                                          Callback callback) {
   if (absl::Status status = CheckLabelValues(values); !status.ok()) return status;
   if (!callback) return absl::InvalidArgumentError(absl::StrCat(name(), ": empty callback"));
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = callbacks_.find(values);
   if (it == callbacks_.end()) {
     callbacks_.emplace(ToKey(values), std::move(callback));
@@ -215,7 +215,7 @@ absl::Status CallbackFamily::SetCallback(absl::Span<const absl::string_view> val
 }
 
 absl::Status CallbackFamily::RemoveCallback(absl::Span<const absl::string_view> values) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = callbacks_.find(values);
   if (it == callbacks_.end()) {
     return absl::NotFoundError(
@@ -228,7 +228,7 @@ absl::Status CallbackFamily::RemoveCallback(absl::Span<const absl::string_view> 
 void CallbackFamily::AppendText(std::string* out) const {
   // The lock stays held across the callbacks: that is what lets RemoveCallback promise the
   // callback is no longer running.
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (callbacks_.empty()) return;
   AppendHeader(out);
   for (const auto& [values, callback] : callbacks_) {
@@ -263,7 +263,7 @@ absl::StatusOr<internal::FamilyBase*> Registry::Add(Spec spec) {
     return absl::InvalidArgumentError(absl::StrCat(spec.name, ": ", status.message()));
   }
 
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (auto it = families_.find(spec.name); it != families_.end()) {
     internal::FamilyBase& existing = *it->second;
     if (existing.type() != spec.type || existing.is_callback() != spec.is_callback) {
@@ -366,7 +366,7 @@ void Registry::SerializeTo(std::string* out) const {
   // and registration does not wait for a scrape.
   std::vector<const internal::FamilyBase*> families;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     families.reserve(families_.size());
     for (const auto& [name, family] : families_) families.push_back(family.get());
   }

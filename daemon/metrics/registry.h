@@ -35,7 +35,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/types/span.h"
 #include "daemon/metrics/metric.h"
 
@@ -130,7 +130,7 @@ class Family final : public internal::FamilyBase {
 
   T& FindOrCreate(absl::Span<const absl::string_view> values) ABSL_LOCKS_EXCLUDED(mu_);
 
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   internal::SeriesMap<std::unique_ptr<T>> series_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -170,7 +170,7 @@ class CallbackFamily final : public internal::FamilyBase {
       : FamilyBase(type, /*is_callback=*/true, std::move(name), std::move(help),
                    std::move(label_names), {}) {}
 
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   internal::SeriesMap<Callback> callbacks_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -224,7 +224,7 @@ class Registry {
   // The result's dynamic type matches spec.type and spec.is_callback.
   absl::StatusOr<internal::FamilyBase*> Add(Spec spec) ABSL_LOCKS_EXCLUDED(mu_);
 
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::map<std::string, std::unique_ptr<internal::FamilyBase>, std::less<>> families_
       ABSL_GUARDED_BY(mu_);
   // Every sample name any family emits, mapped to that family's name.

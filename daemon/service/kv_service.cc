@@ -44,7 +44,7 @@ class KvService::KeepAliveReactor final
  public:
   explicit KeepAliveReactor(KvService* service) : service_(service), core_(service->core_) {
     {
-      absl::MutexLock lock(&service_->reactors_mu_);
+      MutexLock lock(&service_->reactors_mu_);
       service_->reactors_.insert(this);
     }
     StartRead(&request_);
@@ -88,7 +88,7 @@ class KvService::KeepAliveReactor final
   void OnDone() override {
     if (attached_) core_->DetachStream(session_);
     {
-      absl::MutexLock lock(&service_->reactors_mu_);
+      MutexLock lock(&service_->reactors_mu_);
       service_->reactors_.erase(this);
     }
     delete this;
@@ -96,7 +96,7 @@ class KvService::KeepAliveReactor final
 
  private:
   void FinishOnce(const grpc::Status& s) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (finished_) return;
     finished_ = true;
     Finish(s);
@@ -108,14 +108,14 @@ class KvService::KeepAliveReactor final
   v1::KeepAliveResponse response_;
   bool attached_ = false;
   SessionId session_ = 0;
-  absl::Mutex mu_;
+  Mutex mu_;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 void KvService::Stop() {
   if (stopping_.exchange(true)) return;
   watch_.Stop();
-  absl::MutexLock lock(&reactors_mu_);
+  MutexLock lock(&reactors_mu_);
   for (KeepAliveReactor* r : reactors_) r->Drain();
 }
 

@@ -9,7 +9,7 @@
 #include <string_view>
 
 #include "absl/container/flat_hash_set.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 
 #include "absl/time/time.h"
 #include "daemon/core/kv_core.h"
@@ -69,7 +69,7 @@ class KvService final
   RpcObserver* observer_;
   std::atomic<bool> stopping_{false};
   WatchHub watch_;
-  absl::Mutex reactors_mu_;
+  Mutex reactors_mu_;
   absl::flat_hash_set<KeepAliveReactor*> reactors_ ABSL_GUARDED_BY(reactors_mu_);
 };
 

@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   // Debian's Abseil is built with mutex deadlock detection on, which costs a global graph
-  // update on every lock; kvarnd's lock order is fixed (documented per class) and tested.
+  // update on every lock of an absl::Mutex (gRPC's own locks; kvarnd's are common/mutex.h).
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   // Not dumpable: /proc/<pid>/fd, /proc/<pid>/mem and ptrace of the daemon are closed to
   // other processes of the same uid, so none of them can reach the pool's descriptors (and

@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/notification.h"
+#include "common/mutex.h"
 #include "daemon/core/kv_core.h"
 #include "daemon/metrics/http_exporter.h"
 #include "daemon/metrics/registry.h"
@@ -62,7 +62,7 @@ class Server {
   std::unique_ptr<DescriptorServer> descriptors_;
   std::unique_ptr<metrics::HttpExporter> exporter_;
   int tcp_port_ = 0;
-  absl::Notification stop_housekeeping_;
+  Notification stop_housekeeping_;
   std::thread housekeeping_;
   std::atomic<bool> shut_down_{false};
 };

@@ -68,7 +68,7 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(metrics::
 }
 
 CoreStats ServiceMetrics::Snapshot() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   if (now - cached_at_ > absl::Milliseconds(100)) {
     auto s = core_->Stats(std::nullopt);
@@ -172,7 +172,7 @@ absl::Status ServiceMetrics::Bind(const KvCore* core) {
 }
 
 std::optional<TenantReport> ServiceMetrics::TenantSnapshot(const std::string& tenant) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   if (now - tenants_cached_at_ > absl::Milliseconds(100)) {
     tenants_cached_ = core_->TenantReports();
@@ -185,7 +185,7 @@ std::optional<TenantReport> ServiceMetrics::TenantSnapshot(const std::string& te
 }
 
 void ServiceMetrics::BindTenants() {
-  absl::MutexLock lock(&tenants_mu_);
+  MutexLock lock(&tenants_mu_);
   std::vector<std::string> now;
   for (const TenantReport& r : core_->TenantReports()) now.push_back(r.name);
   static constexpr QuotaLimit kLimits[] = {QuotaLimit::kSessions, QuotaLimit::kTailSlots, QuotaLimit::kCache, QuotaLimit::kWatchers};

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "daemon/core/kv_core.h"
 #include "daemon/metrics/registry.h"
 #include "daemon/service/kv_service.h"
@@ -51,12 +51,12 @@ class ServiceMetrics final : public CoreObserver, public RpcObserver {
   metrics::CallbackFamily* tenant_usage_ = nullptr;
   metrics::CallbackFamily* tenant_quota_ = nullptr;
   metrics::CallbackFamily* tenant_rejected_ = nullptr;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   mutable CoreStats cached_ ABSL_GUARDED_BY(mu_);
   mutable absl::Time cached_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   mutable std::vector<TenantReport> tenants_cached_ ABSL_GUARDED_BY(mu_);
   mutable absl::Time tenants_cached_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  absl::Mutex tenants_mu_;  // BindTenants calls, one at a time
+  Mutex tenants_mu_;  // BindTenants calls, one at a time
   std::vector<std::string> bound_tenants_ ABSL_GUARDED_BY(tenants_mu_);
 };
 

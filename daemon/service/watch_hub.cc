@@ -32,7 +32,7 @@ class WatchHub::Stream final : public grpc::ServerWriteReactor<v1::BlockEvent> {
     v1::BlockEvent* write = nullptr;
     std::optional<grpc::Status> finish;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (finished_) return;
       for (const auto& [e, tenant] : events) {
         if (e.seq <= after_ || (!grant_.all_tenants && e.tenant != grant_.tenant)) continue;
@@ -54,7 +54,7 @@ class WatchHub::Stream final : public grpc::ServerWriteReactor<v1::BlockEvent> {
   void End(grpc::Status status) {
     std::optional<grpc::Status> finish;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (finished_ || pending_finish_.has_value()) return;
       queue_.clear();
       pending_finish_ = std::move(status);
@@ -68,7 +68,7 @@ class WatchHub::Stream final : public grpc::ServerWriteReactor<v1::BlockEvent> {
     v1::BlockEvent* write = nullptr;
     std::optional<grpc::Status> finish;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       writing_ = false;
       if (!ok && !pending_finish_.has_value()) {  // the client went away
         queue_.clear();
@@ -112,7 +112,7 @@ class WatchHub::Stream final : public grpc::ServerWriteReactor<v1::BlockEvent> {
   WatchGrant grant_;
   bool granted_ = true;
   std::atomic<int> refs_{1};  // gRPC's, until OnDone
-  absl::Mutex mu_;
+  Mutex mu_;
   std::deque<v1::BlockEvent> queue_ ABSL_GUARDED_BY(mu_);
   v1::BlockEvent current_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
@@ -131,7 +131,7 @@ grpc::ServerWriteReactor<v1::BlockEvent>* WatchHub::Open(const SessionRef& ref) 
   const uint64_t after = core_->events().last_seq();
   absl::StatusOr<WatchGrant> grant = core_->AcquireWatcher(ref);
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (stopping_ && grant.ok()) {
       core_->ReleaseWatcher(ref.session);
       grant = absl::UnavailableError("kvarnd is shutting down");
@@ -143,12 +143,12 @@ grpc::ServerWriteReactor<v1::BlockEvent>* WatchHub::Open(const SessionRef& ref) 
 }
 
 void WatchHub::Unregister(Stream* s) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   streams_.erase(s);
 }
 
 size_t WatchHub::streams() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return streams_.size();
 }
 
@@ -170,7 +170,7 @@ void WatchHub::Loop() {
     std::vector<Stream*> snapshot;
     bool stopping;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       stopping = stopping_;
       snapshot.assign(streams_.begin(), streams_.end());
       for (Stream* s : snapshot) s->Ref();
@@ -195,7 +195,7 @@ void WatchHub::Loop() {
 
 void WatchHub::Stop() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (stopping_) return;
     stopping_ = true;
   }

@@ -24,7 +24,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/core/kv_core.h"
 #include "kvarn/v1/kvarn.pb.h"
@@ -55,7 +55,7 @@ class WatchHub {
 
   KvCore* const core_;
   const absl::Duration poll_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   absl::flat_hash_set<Stream*> streams_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
