@@ -160,13 +160,14 @@ std::vector<TenantReport> KvCore::TenantReports() const {
   return out;
 }
 
-uint8_t* KvCore::SlotPtr(const Session& s, uint32_t slot) const {
+uint8_t* KvCore::SlotPtr(const SessionState& s, uint32_t slot) const {
   return s.tail_region->data() + static_cast<size_t>(slot) * layout_.fp16_block_bytes();
 }
 
 uint8_t* KvCore::BlockPtr(BlockRef b) const {
   Region* r = b.cls == BlockClass::kQuant ? quant_region_.get() : sink_region_.get();
-  return r->data() + static_cast<size_t>(b.id) * pools_.block_bytes(b.cls);
+  const size_t bytes = b.cls == BlockClass::kQuant ? layout_.quant_block_bytes() : layout_.fp16_block_bytes();
+  return r->data() + static_cast<size_t>(b.id) * bytes;
 }
 
 BlockClass KvCore::ClassAt(size_t tile) const {
@@ -185,7 +186,7 @@ BlockTableView KvCore::TableOf(const Sequence& q, bool with_blocks) const {
   return t;
 }
 
-absl::StatusOr<Sequence*> KvCore::FindSequence(Session* s, SequenceId id) {
+absl::StatusOr<Sequence*> KvCore::FindSequence(SessionState* s, SequenceId id) {
   auto it = sequences_.find(id);
   // Another session's sequence looks exactly like an unknown one.
   if (it == sequences_.end() || it->second.session != s->id || it->second.doomed) {
@@ -217,7 +218,7 @@ absl::StatusOr<OpenResult> KvCore::OpenSession(const OpenParams& p) {
   if (slots > config_.max_tail_slots) {
     return absl::InvalidArgumentError(absl::StrCat("max_sequences ", slots, " exceeds the limit ", config_.max_tail_slots));
   }
-  Session s;
+  SessionState s;
   if (absl::Status r = FillRandom(s.secret.data(), s.secret.size()); !r.ok()) return r;
   {
     Locked lock(this);
@@ -316,7 +317,7 @@ absl::Status KvCore::AttachStream(const SessionRef& ref) {
 
 void KvCore::DetachStream(SessionId id) {
   Locked lock(this);
-  if (Session* s = sessions_.Get(id); s != nullptr) sessions_.StreamDetached(*s, clock_->Now());
+  if (SessionState* s = sessions_.Get(id); s != nullptr) sessions_.StreamDetached(*s, clock_->Now());
 }
 
 absl::Status KvCore::CheckSession(const SessionRef& ref) const {
@@ -343,7 +344,7 @@ int KvCore::ExpireSessions() {
   return static_cast<int>(expired.size());
 }
 
-void KvCore::EndSession(Session& s) {
+void KvCore::EndSession(SessionState& s) {
   sessions_.MarkClosing(s);
   sessions_ended_.fetch_add(1, std::memory_order_release);
   if (s.watchers > 0) {
@@ -365,7 +366,7 @@ void KvCore::EndSession(Session& s) {
 }
 
 void KvCore::FinishSessionIfDone(SessionId id) {
-  const Session* s = sessions_.Get(id);
+  const SessionState* s = sessions_.Get(id);
   if (s == nullptr || !s->closing || !s->sequences.empty()) return;
   graveyard_.push_back(sessions_.Remove(id));  // the tail region goes once the lock is released
 }
@@ -383,7 +384,7 @@ void KvCore::ReleaseSequence(Sequence& q) {
   // Children before parents, so parents are the more recently used and leave last.
   for (auto it = q.quant.rbegin(); it != q.quant.rend(); ++it) pools_.Release({BlockClass::kQuant, *it}, ++tick_);
   if (q.has_sink) pools_.Release({BlockClass::kSink, q.sink}, ++tick_);
-  Session* s = sessions_.Get(q.session);
+  SessionState* s = sessions_.Get(q.session);
   KVARN_CHECK(s != nullptr, "a sequence's session exists");
   s->free_slots.push_back(q.tail_slot);
   s->sequences.erase(q.id);
@@ -394,7 +395,7 @@ absl::StatusOr<std::vector<LentSegment>> KvCore::LendMemory(const SessionRef& re
   Locked lock(this);
   auto found = sessions_.Find(ref);
   if (!found.ok()) return found.status();
-  Session& s = **found;
+  SessionState& s = **found;
   if (s.peer_pid != 0 && s.peer_pid != pid) {
     return absl::PermissionDeniedError(absl::StrCat("session ", s.id, " is bound to another process"));
   }
@@ -444,7 +445,7 @@ absl::StatusOr<CreateResult> KvCore::CreateSequence(const SessionRef& ref, std::
   Locked lock(this);
   auto s = sessions_.Find(ref);
   if (!s.ok()) return s.status();
-  Session& session = **s;
+  SessionState& session = **s;
   if (draining_) return absl::UnavailableError("draining: create the sequence elsewhere");
   if (session.free_slots.empty()) {
     return absl::ResourceExhaustedError(session.slots == 0

@@ -155,9 +155,9 @@ class KvCore {
          const Clock* clock, CoreObserver* observer, uint64_t epoch, uint32_t quant_blocks, uint32_t sink_blocks,
          uint32_t tail_budget);
 
-  absl::StatusOr<Sequence*> FindSequence(Session* s, SequenceId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Sequence*> FindSequence(SessionState* s, SequenceId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   BlockTableView TableOf(const Sequence& q, bool with_blocks = true) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint8_t* SlotPtr(const Session& s, uint32_t slot) const;
+  uint8_t* SlotPtr(const SessionState& s, uint32_t slot) const;
   uint8_t* BlockPtr(BlockRef b) const;
   // Chain hashes of the full tiles of a prompt that may be adopted (at most len - 1 tokens,
   // so the worker still computes the last prompt token).
@@ -180,7 +180,7 @@ class KvCore {
   void ApplyWatermark(BlockClass c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void ReleaseSequence(Sequence& q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EndSession(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndSession(SessionState& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishSessionIfDone(SessionId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the sequence's call finished; releases it (and maybe its session) if its session
   // ended meanwhile. Returns whether it was released.
@@ -188,7 +188,7 @@ class KvCore {
 
   absl::StatusOr<AppendResult> AppendImpl(const SessionRef& ref, SequenceId seq, std::span<const uint32_t> token_ids,
                                           const void* keys, const void* values, DType dtype);
-  absl::Status PlanAppend(Session& s, SequenceId seq, std::span<const uint32_t> ids, AppendPlan* plan)
+  absl::Status PlanAppend(SessionState& s, SequenceId seq, std::span<const uint32_t> ids, AppendPlan* plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Phase B of an append: the data-plane work outside the lock.
   absl::Status AppendWork(const AppendPlan& plan, const void* keys, const void* values, DType dtype);

@@ -68,7 +68,7 @@ absl::StatusOr<EvictResult> KvCore::Evict(const SessionRef& ref, EvictScope scop
   Locked lock(this);
   auto s = sessions_.Find(ref);
   if (!s.ok()) return s.status();
-  const Session& session = **s;
+  const SessionState& session = **s;
   std::optional<uint32_t> only;
   if (scope == EvictScope::kTenant) {
     if (tenant.empty() || tenant == tenants_.get(session.tenant).name) {
@@ -98,7 +98,7 @@ absl::StatusOr<WatchGrant> KvCore::AcquireWatcher(const SessionRef& ref) {
   Locked lock(this);
   auto s = sessions_.Find(ref);
   if (!s.ok()) return s.status();
-  Session& session = **s;
+  SessionState& session = **s;
   if (watchers_ >= config_.max_watchers) {
     return absl::ResourceExhaustedError(absl::StrCat("all ", config_.max_watchers, " Watch streams of this daemon are in use (max_watchers)"));
   }
@@ -112,7 +112,7 @@ absl::StatusOr<WatchGrant> KvCore::AcquireWatcher(const SessionRef& ref) {
 
 void KvCore::ReleaseWatcher(SessionId id) {
   Locked lock(this);
-  Session* s = sessions_.Get(id);
+  SessionState* s = sessions_.Get(id);
   // A session that ended took its watchers' grants with it (EndSession).
   if (s == nullptr || s->watchers == 0) return;
   --s->watchers;
@@ -154,7 +154,7 @@ absl::StatusOr<CoreStats> KvCore::Stats(std::optional<SessionRef> ref) const {
   st.sessions = sessions_.live_count();
   st.sequences = static_cast<uint32_t>(sequences_.size());
   st.epoch = epoch_;
-  for (const Session* s : sessions_.Live()) {
+  for (const SessionState* s : sessions_.Live()) {
     if (!admin && s->tenant != tenant) continue;
     SessionStats info;
     info.id = s->id;
@@ -187,7 +187,7 @@ absl::StatusOr<std::vector<SequenceStats>> KvCore::ListSequences(const SessionRe
   if (!s.ok()) return s.status();
   std::vector<SequenceStats> out;
   for (const auto& [id, q] : sequences_) {
-    const Session* owner = sessions_.Get(q.session);
+    const SessionState* owner = sessions_.Get(q.session);
     if (!(*s)->admin && owner->tenant != (*s)->tenant) continue;
     SequenceStats st;
     st.id = id;
@@ -265,7 +265,7 @@ absl::Status KvCore::CheckInvariants() const {
   }
   const uint64_t g = static_cast<uint64_t>(preset_.tile_tokens);
   for (const auto& [id, q] : sequences_) {
-    const Session* owner = sessions_.Get(q.session);
+    const SessionState* owner = sessions_.Get(q.session);
     if (owner == nullptr || !owner->sequences.contains(id)) {
       return absl::InternalError(absl::StrCat("sequence ", id, " has no owning session"));
     }

@@ -34,7 +34,7 @@ absl::StatusOr<AppendResult> KvCore::AppendInline(const SessionRef& ref, Sequenc
   return AppendImpl(ref, seq, token_ids, keys, values, dtype);
 }
 
-absl::Status KvCore::PlanAppend(Session& s, SequenceId seq, std::span<const uint32_t> ids, AppendPlan* plan) {
+absl::Status KvCore::PlanAppend(SessionState& s, SequenceId seq, std::span<const uint32_t> ids, AppendPlan* plan) {
   auto q = FindSequence(&s, seq);
   if (!q.ok()) return q.status();
   Sequence& sq = **q;
@@ -217,7 +217,7 @@ absl::StatusOr<CreateResult> KvCore::Fork(const SessionRef& ref, SequenceId seq)
     if (!s.ok()) return s.status();
     auto q = FindSequence(*s, seq);
     if (!q.ok()) return q.status();
-    Session& session = **s;
+    SessionState& session = **s;
     Sequence& parent = **q;
     if (draining_) return absl::UnavailableError("draining: fork elsewhere");
     if (parent.busy) return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " has another call in flight"));

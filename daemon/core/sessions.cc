@@ -7,7 +7,7 @@
 
 namespace kvarn {
 
-absl::StatusOr<Session*> SessionTable::Find(const SessionRef& ref) {
+absl::StatusOr<SessionState*> SessionTable::Find(const SessionRef& ref) {
   if (ref.epoch != epoch_) {
     return absl::FailedPreconditionError(absl::StrCat("stale epoch ", ref.epoch, ": the daemon restarted (epoch ", epoch_,
                                                       "); reconnect and reopen the session"));
@@ -23,18 +23,18 @@ absl::StatusOr<Session*> SessionTable::Find(const SessionRef& ref) {
   return &it->second;
 }
 
-absl::StatusOr<const Session*> SessionTable::Find(const SessionRef& ref) const {
+absl::StatusOr<const SessionState*> SessionTable::Find(const SessionRef& ref) const {
   auto s = const_cast<SessionTable*>(this)->Find(ref);
   if (!s.ok()) return s.status();
   return *s;
 }
 
-Session* SessionTable::Get(SessionId id) {
+SessionState* SessionTable::Get(SessionId id) {
   auto it = sessions_.find(id);
   return it == sessions_.end() ? nullptr : &it->second;
 }
 
-const Session* SessionTable::Get(SessionId id) const {
+const SessionState* SessionTable::Get(SessionId id) const {
   auto it = sessions_.find(id);
   return it == sessions_.end() ? nullptr : &it->second;
 }
@@ -54,7 +54,7 @@ void SessionTable::Unreserve(uint32_t tenant, uint32_t slots) {
   tail_slots_ -= slots;
 }
 
-Session& SessionTable::Add(Session s) {
+SessionState& SessionTable::Add(SessionState s) {
   KVARN_DCHECK(!sessions_.contains(s.id), "session ids are unique");
   ++live_;
   if (s.observer) ++observers_;
@@ -62,7 +62,7 @@ Session& SessionTable::Add(Session s) {
   return sessions_.emplace(id, std::move(s)).first->second;
 }
 
-void SessionTable::MarkClosing(Session& s) {
+void SessionTable::MarkClosing(SessionState& s) {
   KVARN_CHECK(!s.closing, "a session ends once");
   s.closing = true;
   --live_;
@@ -75,7 +75,7 @@ void SessionTable::MarkClosing(Session& s) {
 std::unique_ptr<Region> SessionTable::Remove(SessionId id) {
   auto it = sessions_.find(id);
   KVARN_CHECK(it != sessions_.end() && it->second.closing, "only a closing session is removed");
-  Session& s = it->second;
+  SessionState& s = it->second;
   TenantUsage& u = usage_->of(s.tenant);
   KVARN_CHECK(u.tail_slots >= s.slots && tail_slots_ >= s.slots, "tail slot count underflow");
   u.tail_slots -= s.slots;
@@ -85,13 +85,13 @@ std::unique_ptr<Region> SessionTable::Remove(SessionId id) {
   return region;
 }
 
-void SessionTable::StreamAttached(Session& s, absl::Time now) {
+void SessionTable::StreamAttached(SessionState& s, absl::Time now) {
   ++s.streams;
   s.stream_seen = true;
   s.renewed = now;
 }
 
-void SessionTable::StreamDetached(Session& s, absl::Time now) {
+void SessionTable::StreamDetached(SessionState& s, absl::Time now) {
   KVARN_CHECK(s.streams > 0, "stream detached more often than attached");
   if (--s.streams == 0) s.disconnected_at = now;
 }
@@ -107,8 +107,8 @@ std::vector<SessionId> SessionTable::Expired(absl::Time now) const {
   return out;
 }
 
-std::vector<const Session*> SessionTable::Live() const {
-  std::vector<const Session*> out;
+std::vector<const SessionState*> SessionTable::Live() const {
+  std::vector<const SessionState*> out;
   for (const auto& [id, s] : sessions_) {
     if (!s.closing) out.push_back(&s);
   }

@@ -34,7 +34,7 @@
 
 namespace kvarn {
 
-struct Session {
+struct SessionState {
   SessionId id = 0;
   SessionSecret secret{};
   uint32_t tenant = 0;
@@ -60,27 +60,27 @@ class SessionTable {
       : epoch_(epoch), lease_ttl_(lease_ttl), grace_(grace), usage_(usage) {}
 
   // The live session `ref` names, after the epoch and credential checks. No renewal.
-  absl::StatusOr<Session*> Find(const SessionRef& ref);
-  absl::StatusOr<const Session*> Find(const SessionRef& ref) const;
+  absl::StatusOr<SessionState*> Find(const SessionRef& ref);
+  absl::StatusOr<const SessionState*> Find(const SessionRef& ref) const;
   // Any session by id, live or closing (nullptr if none): for the core's own bookkeeping.
-  Session* Get(SessionId id);
-  const Session* Get(SessionId id) const;
+  SessionState* Get(SessionId id);
+  const SessionState* Get(SessionId id) const;
 
   // Adds a session (id and secret already drawn), charging its tenant's usage.
-  Session& Add(Session s);
+  SessionState& Add(SessionState s);
   // Removes a closing session; returns its tail region for destruction outside the lock.
   std::unique_ptr<Region> Remove(SessionId id);
   // Ends the session's lease: it is no longer found; its usage is uncharged now.
-  void MarkClosing(Session& s);
+  void MarkClosing(SessionState& s);
 
-  void Renew(Session& s, absl::Time now) { s.renewed = now; }
-  void StreamAttached(Session& s, absl::Time now);
-  void StreamDetached(Session& s, absl::Time now);
+  void Renew(SessionState& s, absl::Time now) { s.renewed = now; }
+  void StreamAttached(SessionState& s, absl::Time now);
+  void StreamDetached(SessionState& s, absl::Time now);
   // Live sessions whose lease has run out at `now` (the rule above).
   std::vector<SessionId> Expired(absl::Time now) const;
 
   // Live (not closing) sessions, all or of one tenant.
-  std::vector<const Session*> Live() const;
+  std::vector<const SessionState*> Live() const;
   uint32_t live_count() const { return live_; }
   uint32_t observer_count() const { return observers_; }
   uint32_t tail_slots_reserved() const { return tail_slots_; }
@@ -88,13 +88,13 @@ class SessionTable {
   // while its region is created outside the lock).
   void Reserve(uint32_t tenant, uint32_t slots);
   void Unreserve(uint32_t tenant, uint32_t slots);
-  const absl::flat_hash_map<SessionId, Session>& all() const { return sessions_; }
+  const absl::flat_hash_map<SessionId, SessionState>& all() const { return sessions_; }
 
  private:
   const uint64_t epoch_;
   const absl::Duration lease_ttl_, grace_;
   UsageLedger* const usage_;
-  absl::flat_hash_map<SessionId, Session> sessions_;
+  absl::flat_hash_map<SessionId, SessionState> sessions_;
   uint32_t live_ = 0, observers_ = 0, tail_slots_ = 0;
 };
 

@@ -2,6 +2,7 @@
 
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -22,15 +23,18 @@ struct Key {
   std::function<absl::Status(const std::string&, DaemonConfig*)> set;
 };
 
-absl::Status Bad(const std::string& key, const std::string& value, const std::string& want) {
-  return absl::InvalidArgumentError(absl::StrCat(key, ": '", value, "' is not ", want));
+// A setter's refusal; Apply prefixes the key's name.
+absl::Status Bad(const std::string& value, const std::string& want) {
+  return absl::InvalidArgumentError(absl::StrCat("'", value, "' is not ", want));
 }
 
 template <typename T>
 Key UInt(const char* help, T CoreConfig::*field) {
-  return {help, [field, help](const std::string& v, DaemonConfig* c) {
+  return {help, [field](const std::string& v, DaemonConfig* c) {
             uint64_t x;
-            if (!absl::SimpleAtoi(v, &x)) return Bad(help, v, "a non-negative integer");
+            if (!absl::SimpleAtoi(v, &x) || x > std::numeric_limits<T>::max()) {
+              return Bad(v, absl::StrCat("an integer in 0..", std::numeric_limits<T>::max()));
+            }
             c->core.*field = static_cast<T>(x);
             return absl::OkStatus();
           }};
@@ -38,27 +42,27 @@ Key UInt(const char* help, T CoreConfig::*field) {
 
 template <typename T>
 Key ModelUInt(const char* help, T ModelConfig::*field) {
-  return {help, [field, help](const std::string& v, DaemonConfig* c) {
+  return {help, [field](const std::string& v, DaemonConfig* c) {
             uint64_t x;
-            if (!absl::SimpleAtoi(v, &x) || x > 0xFFFFFFFFu) return Bad(help, v, "a non-negative integer");
+            if (!absl::SimpleAtoi(v, &x) || x > 0xFFFFFFFFu) return Bad(v, "a non-negative integer");
             c->core.model.*field = static_cast<T>(x);
             return absl::OkStatus();
           }};
 }
 
 Key Double(const char* help, double CoreConfig::*field) {
-  return {help, [field, help](const std::string& v, DaemonConfig* c) {
+  return {help, [field](const std::string& v, DaemonConfig* c) {
             double x;
-            if (!absl::SimpleAtod(v, &x)) return Bad(help, v, "a number");
+            if (!absl::SimpleAtod(v, &x)) return Bad(v, "a number");
             c->core.*field = x;
             return absl::OkStatus();
           }};
 }
 
 Key Millis(const char* help, absl::Duration CoreConfig::*field) {
-  return {help, [field, help](const std::string& v, DaemonConfig* c) {
+  return {help, [field](const std::string& v, DaemonConfig* c) {
             int64_t x;
-            if (!absl::SimpleAtoi(v, &x) || x <= 0) return Bad(help, v, "a positive number of milliseconds");
+            if (!absl::SimpleAtoi(v, &x) || x <= 0) return Bad(v, "a positive number of milliseconds");
             c->core.*field = absl::Milliseconds(x);
             return absl::OkStatus();
           }};
@@ -72,16 +76,16 @@ Key Str(const char* help, std::string DaemonConfig::*field) {
 }
 
 Key Bool(const char* help, bool DaemonConfig::*field) {
-  return {help, [field, help](const std::string& v, DaemonConfig* c) {
-            if (v != "true" && v != "false") return Bad(help, v, "true or false");
+  return {help, [field](const std::string& v, DaemonConfig* c) {
+            if (v != "true" && v != "false") return Bad(v, "true or false");
             c->*field = v == "true";
             return absl::OkStatus();
           }};
 }
 
 Key CoreBool(const char* help, bool CoreConfig::*field) {
-  return {help, [field, help](const std::string& v, DaemonConfig* c) {
-            if (v != "true" && v != "false") return Bad(help, v, "true or false");
+  return {help, [field](const std::string& v, DaemonConfig* c) {
+            if (v != "true" && v != "false") return Bad(v, "true or false");
             c->core.*field = v == "true";
             return absl::OkStatus();
           }};
@@ -90,7 +94,7 @@ Key CoreBool(const char* help, bool CoreConfig::*field) {
 Key Int(const char* help, int DaemonConfig::*field, int lo, int hi) {
   return {help, [=](const std::string& v, DaemonConfig* c) {
             int x;
-            if (!absl::SimpleAtoi(v, &x) || x < lo || x > hi) return Bad(help, v, absl::StrCat("an integer in ", lo, "..", hi));
+            if (!absl::SimpleAtoi(v, &x) || x < lo || x > hi) return Bad(v, absl::StrCat("an integer in ", lo, "..", hi));
             c->*field = x;
             return absl::OkStatus();
           }};
@@ -149,10 +153,10 @@ const std::map<std::string, Key>& Keys() {
                        [](const std::string& v, DaemonConfig* c) {
                          uint32_t x = 0;
                          if (v.empty() || v.size() > 4 || v.find_first_not_of("01234567") != std::string::npos) {
-                           return Bad("socket_mode", v, "an octal mode such as 0600 or 0660");
+                           return Bad(v, "an octal mode such as 0600 or 0660");
                          }
                          for (char ch : v) x = x * 8 + static_cast<uint32_t>(ch - '0');
-                         if ((x & 0600) != 0600 || (x & 0007) != 0) return Bad("socket_mode", v, "a mode with owner rw and no access for others");
+                         if ((x & 0600) != 0600 || (x & 0007) != 0) return Bad(v, "a mode with owner rw and no access for others");
                          c->socket_mode = x;
                          return absl::OkStatus();
                        }}},
@@ -164,14 +168,14 @@ const std::map<std::string, Key>& Keys() {
       {"tenants_file", Str("tenants with token hashes and quotas, mode 0600; reloaded on SIGHUP (default none: one trust domain)", &DaemonConfig::tenants_file)},
       {"max_batch_items", {"items of one AppendBatch (default 4096)", [](const std::string& v, DaemonConfig* c) {
                              uint32_t x;
-                             if (!absl::SimpleAtoi(v, &x) || x < 1 || x > 65536) return Bad("max_batch_items", v, "an integer in 1..65536");
+                             if (!absl::SimpleAtoi(v, &x) || x < 1 || x > 65536) return Bad(v, "an integer in 1..65536");
                              c->max_batch_items = x;
                              return absl::OkStatus();
                            }}},
       {"watch_poll_ms", {"longest a Watch stream waits before it notices its session ended, ms (default 200)",
                          [](const std::string& v, DaemonConfig* c) {
                            int64_t x;
-                           if (!absl::SimpleAtoi(v, &x) || x < 1 || x > 60000) return Bad("watch_poll_ms", v, "1..60000 milliseconds");
+                           if (!absl::SimpleAtoi(v, &x) || x < 1 || x > 60000) return Bad(v, "1..60000 milliseconds");
                            c->watch_poll = absl::Milliseconds(x);
                            return absl::OkStatus();
                          }}},
@@ -181,7 +185,7 @@ const std::map<std::string, Key>& Keys() {
       {"drain_ms", {"on SIGTERM, in-flight calls get this long before they are cancelled, ms (default 2000)",
                     [](const std::string& v, DaemonConfig* c) {
                       int64_t x;
-                      if (!absl::SimpleAtoi(v, &x) || x < 0) return Bad("drain_ms", v, "a non-negative number of milliseconds");
+                      if (!absl::SimpleAtoi(v, &x) || x < 0) return Bad(v, "a non-negative number of milliseconds");
                       c->drain = absl::Milliseconds(x);
                       return absl::OkStatus();
                     }}},
@@ -193,7 +197,9 @@ const std::map<std::string, Key>& Keys() {
 absl::Status Apply(const std::string& key, const std::string& value, DaemonConfig* c) {
   auto it = Keys().find(key);
   if (it == Keys().end()) return absl::InvalidArgumentError(absl::StrCat("unknown setting '", key, "' (see kvarnd --help)"));
-  return it->second.set(value, c);
+  absl::Status s = it->second.set(value, c);
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat(key, ": ", s.message()));
+  return s;
 }
 
 }  // namespace

@@ -43,9 +43,16 @@ class KvService::KeepAliveReactor final
     : public grpc::ServerBidiReactor<v1::KeepAliveRequest, v1::KeepAliveResponse> {
  public:
   explicit KeepAliveReactor(KvService* service) : service_(service), core_(service->core_) {
+    bool refused = false;
     {
       MutexLock lock(&service_->reactors_mu_);
-      service_->reactors_.insert(this);
+      // Under the lock Stop() takes to drain: a stream opened after it is refused here.
+      refused = service_->stopping_.load();
+      if (!refused) service_->reactors_.insert(this);
+    }
+    if (refused) {
+      FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE, "kvarnd is shutting down"));
+      return;
     }
     StartRead(&request_);
   }
@@ -113,10 +120,12 @@ class KvService::KeepAliveReactor final
 };
 
 void KvService::Stop() {
-  if (stopping_.exchange(true)) return;
+  {
+    MutexLock lock(&reactors_mu_);
+    if (stopping_.exchange(true)) return;
+    for (KeepAliveReactor* r : reactors_) r->Drain();
+  }
   watch_.Stop();
-  MutexLock lock(&reactors_mu_);
-  for (KeepAliveReactor* r : reactors_) r->Drain();
 }
 
 grpc::ServerBidiReactor<v1::KeepAliveRequest, v1::KeepAliveResponse>* KvService::KeepAlive(

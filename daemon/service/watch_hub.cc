@@ -8,9 +8,11 @@ namespace kvarn {
 
 class WatchHub::Stream final : public grpc::ServerWriteReactor<v1::BlockEvent> {
  public:
-  // Starts finished (with `refusal`) when the grant was refused.
-  Stream(WatchHub* hub, const SessionRef& ref, absl::StatusOr<WatchGrant> grant, uint64_t after)
-      : hub_(hub), ref_(ref), after_(after) {
+  // Starts finished (with the refusal) when the grant was refused. `ended` is the core's
+  // count of ended sessions read before the grant: the hub re-checks the session whenever the
+  // count has moved past it.
+  Stream(WatchHub* hub, const SessionRef& ref, absl::StatusOr<WatchGrant> grant, uint64_t after, uint64_t ended)
+      : hub_(hub), ref_(ref), after_(after), ended_checked_(ended) {
     if (!grant.ok()) {
       granted_ = false;
       finished_ = true;
@@ -22,6 +24,9 @@ class WatchHub::Stream final : public grpc::ServerWriteReactor<v1::BlockEvent> {
 
   const SessionRef& ref() const { return ref_; }
   bool granted() const { return granted_; }
+  // The hub thread's own bookkeeping: the ended-sessions count this stream was checked at.
+  uint64_t ended_checked() const { return ended_checked_; }
+  void set_ended_checked(uint64_t n) { ended_checked_ = n; }
   void Ref() { refs_.fetch_add(1, std::memory_order_relaxed); }
   void Unref() {
     if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
@@ -109,6 +114,7 @@ class WatchHub::Stream final : public grpc::ServerWriteReactor<v1::BlockEvent> {
   WatchHub* const hub_;
   const SessionRef ref_;
   const uint64_t after_;  // events up to this one happened before the call
+  uint64_t ended_checked_;  // read and written by the hub thread only (after construction)
   WatchGrant grant_;
   bool granted_ = true;
   std::atomic<int> refs_{1};  // gRPC's, until OnDone
@@ -121,25 +127,39 @@ class WatchHub::Stream final : public grpc::ServerWriteReactor<v1::BlockEvent> {
 };
 
 WatchHub::WatchHub(KvCore* core, absl::Duration poll) : core_(core), poll_(poll) {
-  thread_ = std::thread([this] { Loop(); });
+  // The cursor starts here, before any stream can be opened, so no stream's start precedes it.
+  const uint64_t cursor = core_->events().last_seq();
+  thread_ = std::thread([this, cursor] { Loop(cursor); });
 }
 
 WatchHub::~WatchHub() { Stop(); }
 
 grpc::ServerWriteReactor<v1::BlockEvent>* WatchHub::Open(const SessionRef& ref) {
-  // The start is taken before the grant, so nothing after the call is missed.
+  // The start and the ended-sessions count are taken before the grant, so nothing after the
+  // call is missed, and a session that ends right after the grant is noticed.
   const uint64_t after = core_->events().last_seq();
+  const uint64_t ended = core_->sessions_ended();
   absl::StatusOr<WatchGrant> grant = core_->AcquireWatcher(ref);
+  bool stopping;
   {
     MutexLock lock(&mu_);
-    if (stopping_ && grant.ok()) {
-      core_->ReleaseWatcher(ref.session);
-      grant = absl::UnavailableError("kvarnd is shutting down");
-    }
-    auto* s = new Stream(this, ref, grant, after);
-    if (s->granted()) streams_.insert(s);
-    return s;
+    stopping = stopping_;
   }
+  if (stopping && grant.ok()) {
+    core_->ReleaseWatcher(ref.session);
+    grant = absl::UnavailableError("kvarnd is shutting down");
+  }
+  // Built outside the hub's lock: a refused stream finishes in its constructor.
+  auto* s = new Stream(this, ref, grant, after, ended);
+  if (!s->granted()) return s;
+  bool late = false;
+  {
+    MutexLock lock(&mu_);
+    late = stopping_;  // the hub's last pass may be over: end it here
+    if (!late) streams_.insert(s);
+  }
+  if (late) s->End(grpc::Status(grpc::StatusCode::UNAVAILABLE, "kvarnd is shutting down"));
+  return s;
 }
 
 void WatchHub::Unregister(Stream* s) {
@@ -152,9 +172,7 @@ size_t WatchHub::streams() const {
   return streams_.size();
 }
 
-void WatchHub::Loop() {
-  uint64_t cursor = core_->events().last_seq();
-  uint64_t ended_seen = core_->sessions_ended();
+void WatchHub::Loop(uint64_t cursor) {
   for (;;) {
     bool lost = false;
     const std::vector<BlockEvent> events = core_->events().Read(cursor, 1024, poll_, &lost);
@@ -165,8 +183,6 @@ void WatchHub::Loop() {
       named.emplace_back(e, core_->TenantName(e.tenant));
     }
     const uint64_t ended = core_->sessions_ended();
-    const bool check_sessions = ended != ended_seen;
-    ended_seen = ended;
     std::vector<Stream*> snapshot;
     bool stopping;
     {
@@ -182,7 +198,8 @@ void WatchHub::Loop() {
         s->End(grpc::Status(grpc::StatusCode::DATA_LOSS, "watcher fell behind the event log; re-sync and watch again"));
       } else {
         if (!named.empty()) s->Push(named);
-        if (check_sessions) {
+        if (s->ended_checked() != ended) {
+          s->set_ended_checked(ended);
           if (absl::Status alive = core_->CheckSession(s->ref()); !alive.ok()) s->End(ToGrpc(alive));
         }
       }

@@ -50,7 +50,7 @@ class WatchHub {
 
  private:
   class Stream;
-  void Loop();
+  void Loop(uint64_t cursor);
   void Unregister(Stream* s);
 
   KvCore* const core_;
