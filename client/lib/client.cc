@@ -128,7 +128,7 @@ Layout Client::LayoutOf(const v1::DescribeResponse& d) {
 
 Session::Session(Client* client, const v1::OpenSessionResponse& open, const Preset& preset)
     : client_(client), id_(open.session_id()), epoch_(open.pool().epoch()), secret_(open.session_secret()),
-      pool_(open.pool()), preset_(preset),
+      pool_(open.pool()), read_tokens_per_call_(open.read_tokens_per_call()), preset_(preset),
       keepalive_interval_(absl::Milliseconds(open.keepalive_interval_ms())) {
   layout_.num_layers = static_cast<int>(pool_.layout().num_layers());
   layout_.num_kv_heads = static_cast<int>(pool_.layout().num_kv_heads());
@@ -581,17 +581,30 @@ absl::Status Session::DequantizeBlock(uint32_t block, int layer, int head, float
 
 absl::Status Session::Read(uint64_t seq, uint32_t layer, uint64_t start, uint32_t count, std::vector<float>* keys,
                            std::vector<float>* values) {
-  v1::ReadRequest req;
-  *req.mutable_session() = Ref();
-  req.set_sequence_id(seq);
-  req.set_layer(layer);
-  req.set_start(start);
-  req.set_count(count);
-  v1::ReadResponse resp;
-  grpc::ClientContext ctx;
-  if (absl::Status s = Check(client_->stub().Read(Prepare(&ctx), req, &resp)); !s.ok()) return s;
-  keys->assign(resp.keys().begin(), resp.keys().end());
-  values->assign(resp.values().begin(), resp.values().end());
+  // One reply carries at most read_tokens_per_call tokens: longer reads take several calls.
+  const uint32_t per_call = read_tokens_per_call_ > 0 ? read_tokens_per_call_ : count;
+  keys->clear();
+  values->clear();
+  uint32_t done = 0;
+  do {
+    const uint32_t n = std::min(per_call, count - done);
+    v1::ReadRequest req;
+    *req.mutable_session() = Ref();
+    req.set_sequence_id(seq);
+    req.set_layer(layer);
+    req.set_start(start + done);
+    req.set_count(n);
+    v1::ReadResponse resp;
+    grpc::ClientContext ctx;
+    if (absl::Status s = Check(client_->stub().Read(Prepare(&ctx), req, &resp)); !s.ok()) {
+      keys->clear();
+      values->clear();
+      return s;
+    }
+    keys->insert(keys->end(), resp.keys().begin(), resp.keys().end());
+    values->insert(values->end(), resp.values().begin(), resp.values().end());
+    done += n;
+  } while (done < count);
   return absl::OkStatus();
 }
 

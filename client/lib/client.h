@@ -226,7 +226,8 @@ class Session {
   };
   absl::StatusOr<MemoryUse> Resident() const;
 
-  // RPC wrappers.
+  // RPC wrappers. Read returns [count][kv_heads][head_dim] keys and values, in as many calls
+  // as the daemon's per-call limit needs.
   absl::Status Read(uint64_t seq, uint32_t layer, uint64_t start, uint32_t count, std::vector<float>* keys,
                     std::vector<float>* values);
   absl::StatusOr<v1::StatsResponse> Stats();
@@ -264,6 +265,7 @@ class Session {
   uint64_t epoch_;
   std::string secret_;
   v1::PoolDescription pool_;
+  uint32_t read_tokens_per_call_ = 0;
   Preset preset_;
   BlockLayout layout_;
   absl::Duration keepalive_interval_;

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/units.h"
+#include "kernels/preset.h"
 
 namespace kvarn {
 namespace {
@@ -181,7 +182,26 @@ const std::map<std::string, Key>& Keys() {
                          }}},
       {"metrics", Str("host:port of the Prometheus /metrics endpoint, empty disables (default 127.0.0.1:9464)", &DaemonConfig::metrics)},
       {"seal_threads", Int("threads quantizing one block (default 1)", &DaemonConfig::seal_threads, 1, 256)},
-      {"max_message_mb", Int("largest gRPC message accepted, MiB (default 64)", &DaemonConfig::max_message_mb, 1, 1024)},
+      {"max_message_mb", Int("largest gRPC message accepted, MiB; 0 derives it from the layout (default 0)",
+                             &DaemonConfig::max_message_mb, 0, 1024)},
+      {"max_read_bytes", {"K/V bytes one Read reply may carry; longer reads are split by the client (default 4MiB)",
+                          [](const std::string& v, DaemonConfig* c) {
+                            auto b = ParseBytes(v);
+                            if (!b.ok()) return b.status();
+                            if (*b < 4096) return Bad(v, "at least 4096 bytes");
+                            c->max_read_bytes = *b;
+                            return absl::OkStatus();
+                          }}},
+      {"grpc_memory", {"memory gRPC may use for calls in flight, its resource quota (default 256MiB)",
+                       [](const std::string& v, DaemonConfig* c) {
+                         auto b = ParseBytes(v);
+                         if (!b.ok()) return b.status();
+                         if (*b < (16ull << 20)) return Bad(v, "at least 16MiB");
+                         c->grpc_memory_bytes = *b;
+                         return absl::OkStatus();
+                       }}},
+      {"grpc_max_threads", Int("unary calls handled at once; more get RESOURCE_EXHAUSTED (default 32)",
+                               &DaemonConfig::grpc_max_threads, 4, 4096)},
       {"drain_ms", {"on SIGTERM, in-flight calls get this long before they are cancelled, ms (default 2000)",
                     [](const std::string& v, DaemonConfig* c) {
                       int64_t x;
@@ -203,6 +223,21 @@ absl::Status Apply(const std::string& key, const std::string& value, DaemonConfi
 }
 
 }  // namespace
+
+uint64_t MessageLimitBytes(const DaemonConfig& c) {
+  if (c.max_message_mb > 0) return static_cast<uint64_t>(c.max_message_mb) << 20;
+  Preset p;
+  const int tile = ParsePreset(c.core.model.preset, &p).ok() ? p.tile_tokens : 128;
+  const uint64_t inline_tile = 2ull * tile * c.core.model.num_layers * c.core.model.num_kv_heads * c.core.model.head_dim * 4;
+  const uint64_t prompt = 5ull * c.core.max_prompt_tokens;  // varint token ids
+  return std::max(inline_tile, prompt) + (1ull << 20);
+}
+
+uint32_t ReadTokensPerCall(const DaemonConfig& c) {
+  const uint64_t per_token = 8ull * c.core.model.num_kv_heads * std::max(1u, c.core.model.head_dim);  // keys + values, fp32
+  const uint64_t by_bytes = std::max<uint64_t>(1, c.max_read_bytes / std::max<uint64_t>(1, per_token));
+  return static_cast<uint32_t>(std::min<uint64_t>(c.core.max_read_tokens, by_bytes));
+}
 
 absl::Status ApplyConfigText(const std::string& text, DaemonConfig* c) {
   std::istringstream in(text);
@@ -276,6 +311,8 @@ absl::StatusOr<DaemonConfig> ParseDaemonConfig(const std::vector<std::string>& a
   if (c.listen.empty() && c.tcp.empty()) return absl::InvalidArgumentError("listen and tcp are both empty: nothing to serve on");
   if (c.tls_cert.empty() != c.tls_key.empty()) return absl::InvalidArgumentError("tls_cert and tls_key go together");
   if (!c.tls_client_ca.empty() && c.tls_cert.empty()) return absl::InvalidArgumentError("tls_client_ca needs tls_cert and tls_key");
+  // One Read reply stays within max_read_bytes: the core enforces the effective token limit.
+  c.core.max_read_tokens = ReadTokensPerCall(c);
   if (!c.tenants_file.empty() && c.core.share_across_tenants) {
     return absl::InvalidArgumentError("share_across_tenants applies without a tenants file only; name a group in the tenants file");
   }

@@ -31,13 +31,24 @@ struct DaemonConfig {
   std::string metrics = "127.0.0.1:9464";   // host:port of /metrics ("" disables)
   std::string admin_token_file;             // written at start (mode 0600) when admin_token is set
   int seal_threads = 1;                     // encode workers per seal
-  int max_message_mb = 64;                  // gRPC receive limit; also bounds one AppendInline
+  // Memory the daemon spends on requests (docs/daemon.md, "Bounded memory"):
+  int max_message_mb = 0;                   // gRPC message limit, MiB; 0: derived from the layout
+  uint64_t max_read_bytes = 4ull << 20;     // one Read reply's K/V
+  uint64_t grpc_memory_bytes = 256ull << 20;  // gRPC's resource quota (buffers of calls in flight)
+  int grpc_max_threads = 32;                // unary calls handled at once (RESOURCE_EXHAUSTED beyond)
   uint32_t max_batch_items = 4096;          // items of one AppendBatch
   absl::Duration watch_poll = absl::Milliseconds(200);  // Watch hub's longest wait
   std::string log_level = "info";
   absl::Duration expiry_scan = absl::Milliseconds(50);  // lease check period
   absl::Duration drain = absl::Seconds(2);  // SIGTERM: in-flight calls get this long
 };
+
+// The gRPC message limit in bytes: max_message_mb when set, else what the layout needs: a
+// whole tile appended inline in fp32, or a CreateSequence of max_prompt_tokens, whichever is
+// larger, plus a margin for the rest of the message.
+uint64_t MessageLimitBytes(const DaemonConfig& config);
+// Tokens one Read may return: max_read_tokens, and no more than max_read_bytes of K/V.
+uint32_t ReadTokensPerCall(const DaemonConfig& config);
 
 // Parses argv (after the program name). `--config=FILE` is read first; `--help` sets
 // *help. Errors name the key and what is wrong.

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/tsan.h"
 #include "daemon/service/convert.h"
 #include "daemon/service/log.h"
 
@@ -30,10 +31,21 @@ KvService::~KvService() { Stop(); }
 
 template <typename F>
 grpc::Status KvService::Timed(std::string_view method, F&& body) {
+  {
+    MutexLock lock(&calls_mu_);
+    ++calls_in_flight_;
+  }
   const absl::Time start = absl::Now();
   grpc::Status s = body();
   if (observer_ != nullptr) observer_->OnRpc(method, s.error_code(), absl::Now() - start);
+  MutexLock lock(&calls_mu_);
+  if (--calls_in_flight_ == 0) calls_done_.SignalAll();
   return s;
+}
+
+void KvService::WaitForCalls() {
+  MutexLock lock(&calls_mu_);
+  while (calls_in_flight_ > 0) calls_done_.Wait(&calls_mu_);
 }
 
 // The session's lease. The first message attaches the stream to the session; each one is a
@@ -50,6 +62,9 @@ class KvService::KeepAliveReactor final
       refused = service_->stopping_.load();
       if (!refused) service_->reactors_.insert(this);
     }
+    // Callbacks run on gRPC's threads, ordered after this constructor by gRPC's own
+    // (uninstrumented) locking: say so to ThreadSanitizer.
+    KVARN_TSAN_RELEASE(this);
     if (refused) {
       FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE, "kvarnd is shutting down"));
       return;
@@ -58,19 +73,28 @@ class KvService::KeepAliveReactor final
   }
 
   void OnReadDone(bool ok) override {
+    KVARN_TSAN_ACQUIRE(this);
     if (!ok) {
       FinishOnce(grpc::Status::OK);
       return;
     }
     const SessionRef ref = FromProto(request_.session());
     absl::Status s;
-    if (!attached_) {
+    bool attached;
+    SessionId session;
+    {
+      MutexLock lock(&mu_);
+      attached = attached_;
+      session = session_;
+    }
+    if (!attached) {
       s = core_->AttachStream(ref);
       if (s.ok()) {
+        MutexLock lock(&mu_);
         attached_ = true;
         session_ = ref.session;
       }
-    } else if (ref.session != session_) {
+    } else if (ref.session != session) {
       s = absl::InvalidArgumentError("a keep-alive stream serves one session");
     } else {
       s = core_->KeepAlive(ref);
@@ -81,19 +105,30 @@ class KvService::KeepAliveReactor final
     }
     response_.set_epoch(core_->epoch());
     response_.set_server_time_ms(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
+    KVARN_TSAN_RELEASE(this);
     StartWrite(&response_);
   }
   void OnWriteDone(bool ok) override {
+    KVARN_TSAN_ACQUIRE(this);
     if (!ok) {
       FinishOnce(grpc::Status::OK);
       return;
     }
+    KVARN_TSAN_RELEASE(this);
     StartRead(&request_);
   }
   // Called by Stop() with the service's reactor lock held (OnDone waits for it).
   void Drain() { FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE, "kvarnd is shutting down")); }
   void OnDone() override {
-    if (attached_) core_->DetachStream(session_);
+    KVARN_TSAN_ACQUIRE(this);
+    bool attached;
+    SessionId session;
+    {
+      MutexLock lock(&mu_);
+      attached = attached_;
+      session = session_;
+    }
+    if (attached) core_->DetachStream(session);
     {
       MutexLock lock(&service_->reactors_mu_);
       service_->reactors_.erase(this);
@@ -102,10 +137,15 @@ class KvService::KeepAliveReactor final
   }
 
  private:
+  // Finish exactly once. Nothing of this object is touched after Finish: OnDone (which
+  // deletes it) may run before Finish returns.
   void FinishOnce(const grpc::Status& s) {
-    MutexLock lock(&mu_);
-    if (finished_) return;
-    finished_ = true;
+    {
+      MutexLock lock(&mu_);
+      if (finished_) return;
+      finished_ = true;
+    }
+    KVARN_TSAN_RELEASE(this);
     Finish(s);
   }
 
@@ -113,9 +153,9 @@ class KvService::KeepAliveReactor final
   KvCore* core_;
   v1::KeepAliveRequest request_;
   v1::KeepAliveResponse response_;
-  bool attached_ = false;
-  SessionId session_ = 0;
   Mutex mu_;
+  bool attached_ ABSL_GUARDED_BY(mu_) = false;
+  SessionId session_ ABSL_GUARDED_BY(mu_) = 0;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -143,6 +183,8 @@ grpc::Status KvService::Describe(grpc::ServerContext*, const v1::DescribeRequest
     resp->set_capacity_bytes(core_->config().capacity_bytes);
     resp->set_version(KVARN_VERSION);
     resp->set_tenants_authenticated(core_->tenants_configured());
+    resp->set_max_message_bytes(options_.max_inline_bytes);
+    resp->set_read_tokens_per_call(core_->config().max_read_tokens);
     return grpc::Status::OK;
   });
 }
@@ -169,6 +211,7 @@ grpc::Status KvService::OpenSession(grpc::ServerContext* ctx, const v1::OpenSess
     resp->set_keepalive_interval_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(core_->config().keepalive_interval)));
     resp->set_lease_ttl_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(core_->config().lease_ttl)));
     resp->set_grace_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(core_->config().grace)));
+    resp->set_read_tokens_per_call(core_->config().max_read_tokens);
     Log(LogLevel::kInfo, "session_open", {{"session", r->session}, {"tenant", p.tenant}, {"client", p.client_name},
                                           {"client_pid", req->client_pid()}, {"tail_slots", r->pool.tail_slots}});
     return grpc::Status::OK;

@@ -28,7 +28,7 @@ class KvService final
     : public v1::KvCache::WithCallbackMethod_KeepAlive<v1::KvCache::WithCallbackMethod_Watch<v1::KvCache::Service>> {
  public:
   struct Options {
-    uint64_t max_inline_bytes = 64ull << 20;  // keys + values of one AppendInline
+    uint64_t max_inline_bytes = 64ull << 20;  // keys + values of one AppendInline: the message limit
     uint32_t max_batch = 4096;                // items of one AppendBatch
     // Longest a Watch hub waits for events before it re-checks sessions and shutdown.
     absl::Duration watch_poll = absl::Milliseconds(200);
@@ -39,6 +39,10 @@ class KvService final
   // Ends every stream before the server shuts down: Watch streams (OK) and keep-alive
   // streams (UNAVAILABLE), so shutdown does not wait on them.
   void Stop();
+  // Returns once no unary handler runs. The server calls it before it destroys the core: gRPC
+  // finishes its calls first, but through locking its own (that TSan cannot see); this makes
+  // the order explicit and holds whatever gRPC does.
+  void WaitForCalls();
   size_t watch_streams() const { return watch_.streams(); }
 
   grpc::Status Describe(grpc::ServerContext* ctx, const v1::DescribeRequest* req, v1::DescribeResponse* resp) override;
@@ -68,6 +72,9 @@ class KvService final
   Options options_;
   RpcObserver* observer_;
   std::atomic<bool> stopping_{false};
+  Mutex calls_mu_;
+  CondVar calls_done_;
+  int calls_in_flight_ ABSL_GUARDED_BY(calls_mu_) = 0;
   WatchHub watch_;
   Mutex reactors_mu_;
   absl::flat_hash_set<KeepAliveReactor*> reactors_ ABSL_GUARDED_BY(reactors_mu_);

@@ -4,6 +4,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
+#include <grpcpp/resource_quota.h>
 #include <grpcpp/server_builder.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -207,8 +208,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const DaemonConfig& config
     }
   }
 
+  const uint64_t message_limit = MessageLimitBytes(config);
   KvService::Options so;
-  so.max_inline_bytes = static_cast<uint64_t>(config.max_message_mb) << 20;
+  so.max_inline_bytes = message_limit;
   so.max_batch = config.max_batch_items;
   so.watch_poll = config.watch_poll;
   s->service_ = std::make_unique<KvService>(s->core_.get(), so, s->metrics_.get());
@@ -221,9 +223,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const DaemonConfig& config
   }
   if (!config.tcp.empty()) builder.AddListeningPort(config.tcp, tcp_creds, &s->tcp_port_);
   builder.RegisterService(s->service_.get());
-  // Inline appends carry K/V; bigger messages get RESOURCE_EXHAUSTED from gRPC itself.
-  builder.SetMaxReceiveMessageSize(config.max_message_mb << 20);
-  builder.SetMaxSendMessageSize(config.max_message_mb << 20);
+  // Bounded memory. The largest request the layout needs (a whole tile inline in fp32, or a
+  // prompt of max_prompt_tokens) is the receive limit: bigger ones get RESOURCE_EXHAUSTED from
+  // gRPC itself before any buffer grows. Replies are bounded by max_read_bytes (Read chunks).
+  // The resource quota bounds the buffers of all calls in flight together, and the threads
+  // that handle unary calls (a call beyond them gets RESOURCE_EXHAUSTED; streams are
+  // callbacks and take none).
+  builder.SetMaxReceiveMessageSize(static_cast<int>(message_limit));
+  builder.SetMaxSendMessageSize(static_cast<int>(std::max<uint64_t>(message_limit, config.max_read_bytes + (1u << 20))));
+  grpc::ResourceQuota quota("kvarnd");
+  quota.Resize(config.grpc_memory_bytes);
+  quota.SetMaxThreads(config.grpc_max_threads);
+  builder.SetResourceQuota(quota);
   // The server sends no HTTP/2 pings of its own: the lease (keep-alive stream, TTL) is the
   // authority on session liveness, and clients ping (every 10 s) to find a dead daemon. Accept
   // their pings even between calls.
@@ -279,7 +290,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const DaemonConfig& config
        {"preset", s->core_->preset().Name()}, {"layers", config.core.model.num_layers},
        {"kv_heads", config.core.model.num_kv_heads}, {"head_dim", config.core.model.head_dim},
        {"capacity_bytes", st.capacity_bytes}, {"quant_blocks", st.quant_total}, {"sink_blocks", st.sink_total},
-       {"tail_slots", st.tail_slots_budget}, {"trust", trust}});
+       {"tail_slots", st.tail_slots_budget}, {"max_message_bytes", message_limit},
+       {"read_tokens_per_call", config.core.max_read_tokens}, {"trust", trust}});
   return s;
 }
 
@@ -320,6 +332,7 @@ void Server::Shutdown(absl::Duration deadline) {
     grpc_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(deadline));
     grpc_->Wait();
   }
+  if (service_) service_->WaitForCalls();
   stop_housekeeping_.Notify();
   if (housekeeping_.joinable()) housekeeping_.join();
   if (exporter_) exporter_->Stop();

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "common/tsan.h"
 #include "daemon/service/convert.h"
 
 namespace kvarn {
@@ -15,11 +16,18 @@ class WatchHub::Stream final : public grpc::ServerWriteReactor<v1::BlockEvent> {
       : hub_(hub), ref_(ref), after_(after), ended_checked_(ended) {
     if (!grant.ok()) {
       granted_ = false;
-      finished_ = true;
+      {
+        MutexLock lock(&mu_);
+        finished_ = true;
+      }
       Finish(ToGrpc(grant.status()));
       return;
     }
     grant_ = *grant;
+    // Callbacks run on gRPC's threads, ordered after this constructor by gRPC's own
+    // (uninstrumented) locking: say so to ThreadSanitizer (the hub gets the stream through
+    // its mutex and the refcount, which TSan sees).
+    KVARN_TSAN_RELEASE(this);
   }
 
   const SessionRef& ref() const { return ref_; }
@@ -29,7 +37,11 @@ class WatchHub::Stream final : public grpc::ServerWriteReactor<v1::BlockEvent> {
   void set_ended_checked(uint64_t n) { ended_checked_ = n; }
   void Ref() { refs_.fetch_add(1, std::memory_order_relaxed); }
   void Unref() {
-    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+    KVARN_TSAN_RELEASE(this);
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      KVARN_TSAN_ACQUIRE(this);
+      delete this;
+    }
   }
 
   // Queues the events this stream may see (newer than its start) and writes if idle.
@@ -70,6 +82,7 @@ class WatchHub::Stream final : public grpc::ServerWriteReactor<v1::BlockEvent> {
   }
 
   void OnWriteDone(bool ok) override {
+    KVARN_TSAN_ACQUIRE(this);
     v1::BlockEvent* write = nullptr;
     std::optional<grpc::Status> finish;
     {
@@ -84,9 +97,13 @@ class WatchHub::Stream final : public grpc::ServerWriteReactor<v1::BlockEvent> {
     Issue(write, finish);
   }
 
-  void OnCancel() override { End(grpc::Status::CANCELLED); }
+  void OnCancel() override {
+    KVARN_TSAN_ACQUIRE(this);
+    End(grpc::Status::CANCELLED);
+  }
 
   void OnDone() override {
+    KVARN_TSAN_ACQUIRE(this);
     hub_->Unregister(this);
     if (granted_) hub_->core_->ReleaseWatcher(ref_.session);
     Unref();  // gRPC's reference
@@ -107,6 +124,7 @@ class WatchHub::Stream final : public grpc::ServerWriteReactor<v1::BlockEvent> {
     }
   }
   void Issue(v1::BlockEvent* write, const std::optional<grpc::Status>& finish) {
+    KVARN_TSAN_RELEASE(this);
     if (write != nullptr) StartWrite(write);
     if (finish.has_value()) Finish(*finish);
   }

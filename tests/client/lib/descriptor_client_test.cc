@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/notification.h"
+#include "common/mutex.h"
 #include "client/lib/descriptor_client.h"
 #include "common/fd_passing.h"
 #include "tests/daemon/service/service_harness.h"
@@ -65,7 +65,7 @@ class FakeDaemon {
   UniqueFd listener_;
   bool ok_ = false;
   std::string request_;
-  absl::Notification done_;
+  Notification done_;
   std::thread thread_;
 };
 

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "common/mutex.h"
 #include "daemon/core/kv_core.h"
 
 namespace kvarn::testing {
@@ -30,16 +31,21 @@ inline ModelConfig SmallModel(const std::string& preset = "kvarn_k4v2_g64", uint
 // scribbling on its shared-memory tail.
 class RecordingBackend final : public MemoryBackend {
  public:
+  // Called concurrently (the core creates tail regions outside its lock).
   absl::StatusOr<std::unique_ptr<Region>> Create(RegionKind kind, size_t bytes) override {
     auto r = heap_.Create(kind, bytes);
-    if (r.ok() && kind == RegionKind::kTail) tails.push_back((*r)->data());
+    if (r.ok() && kind == RegionKind::kTail) {
+      MutexLock lock(&mu_);
+      tails.push_back((*r)->data());
+    }
     return r;
   }
   const char* name() const override { return "heap"; }
   bool host_accessible() const override { return true; }
-  std::vector<uint8_t*> tails;
+  std::vector<uint8_t*> tails;  // read by single-threaded tests only
 
  private:
+  Mutex mu_;
   HeapBackend heap_;
 };
 

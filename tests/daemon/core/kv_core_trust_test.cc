@@ -30,7 +30,7 @@ TEST_F(CoreTest, IdsWithoutTheSecretGrantNothing) {
   SessionRef forged = a;
   forged.secret[7] ^= 1;
   const SessionRef unknown{a.session + 100, a.epoch, a.secret};
-  const auto unknown_msg = core_->KeepAlive(unknown).message();
+  const std::string unknown_msg(core_->KeepAlive(unknown).message());
   // Every call answers a wrong secret exactly as an unknown session.
   EXPECT_EQ(core_->KeepAlive(forged).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(core_->KeepAlive(forged).message(), absl::StrCat("no session ", a.session));

@@ -27,7 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "daemon/backends/host_memory.h"
@@ -67,17 +67,17 @@ class TempDir {
 class CountingObserver final : public RpcObserver {
  public:
   void OnRpc(std::string_view method, grpc::StatusCode, absl::Duration) override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     ++calls_[std::string(method)];
   }
   int calls(const std::string& method) const {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = calls_.find(method);
     return it == calls_.end() ? 0 : it->second;
   }
 
  private:
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::map<std::string, int> calls_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -217,6 +217,7 @@ class ServiceHarness {
       server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
       server_->Wait();
     }
+    if (service_) service_->WaitForCalls();  // as kvarnd's Server::Shutdown does
     stub_.reset();
     channel_.reset();
     descriptors_.reset();

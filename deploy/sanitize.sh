@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The sanitizer jobs of CI (and of deploy/test.sh), each in its own build directory with
+# clang, building only what the job needs:
+#
+#   deploy/sanitize.sh asan   AddressSanitizer + UndefinedBehaviorSanitizer (every report
+#                             fatal): core, service, metrics, client and integration tests
+#                             (kvarnd and its helper processes run instrumented too) and the
+#                             install test; then the libFuzzer targets on their seed corpora
+#                             (KVARN_FUZZ_SECONDS each, default 60).
+#   deploy/sanitize.sh tsan   ThreadSanitizer: everything that runs threads: the core's
+#                             concurrency tests, the service under concurrent clients (Watch
+#                             hub, keep-alive reactors, descriptor channel), the client's
+#                             keep-alive thread, and the integration tests.
+#
+# Zero reports are tolerated: the runtime options below make any report fail its test.
+# Assumes deploy/setup.sh ran (deploy/test.sh does it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:?usage: deploy/sanitize.sh asan|tsan}
+jobs=${KVARN_JOBS:-$(nproc)}
+dirs="daemon/core;daemon/service;daemon/metrics;client/lib;integration"
+case "$mode" in
+  asan)
+    build=${KVARN_ASAN_BUILD_DIR:-build-asan}
+    flags=(-DKVARN_SANITIZE=address -DKVARN_FUZZ=ON)
+    export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:halt_on_error=1:detect_stack_use_after_return=1}
+    export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
+    ;;
+  tsan)
+    build=${KVARN_TSAN_BUILD_DIR:-build-tsan}
+    flags=(-DKVARN_SANITIZE=thread)
+    export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/sanitizers/tsan.supp}
+    ;;
+  *) echo "deploy/sanitize.sh: mode must be asan or tsan" >&2; exit 2 ;;
+esac
+echo "== $mode: configure and build ($build)"
+CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVARN_WITH_CUDA=OFF \
+  -DKVARN_BUILD_BENCHMARKS=OFF "-DKVARN_TEST_DIRS=$dirs" "${flags[@]}" > "$build.configure.log" 2>&1 ||
+  { cat "$build.configure.log"; exit 1; }
+cmake --build "$build" -j "$jobs"
+echo "== $mode: tests"
+ctest --test-dir "$build" --output-on-failure -j "$jobs" --timeout 900
+if [ "$mode" = asan ]; then
+  echo "== asan: fuzzers"
+  tests/fuzz/run_fuzzers.sh "$build" "${KVARN_FUZZ_SECONDS:-60}"
+fi
+echo "== $mode: 0 reports"
