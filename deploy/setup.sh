@@ -6,6 +6,8 @@ set -euo pipefail
 packages=(
   # toolchain
   build-essential g++ clang cmake ninja-build git ccache pkg-config python3
+  # clang's sanitizer and libFuzzer runtimes (the sanitizer jobs of deploy/test.sh)
+  libclang-rt-14-dev
   # libraries
   libhwy-dev libabsl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libboost-dev libssl-dev openssl

@@ -298,12 +298,19 @@ grpc::Status KvService::AppendInline(grpc::ServerContext*, const v1::AppendInlin
                                   l.num_kv_heads, " kv-heads x ", l.head_dim, " channels; got ", req->keys().size(), " and ",
                                   req->values().size()));
     }
-    // Protobuf strings carry no alignment guarantee: copy into aligned storage.
     if (n == 0) return Invalid("append of 0 tokens");
-    std::vector<uint32_t> k((want + 3) / 4), v((want + 3) / 4);
-    std::memcpy(k.data(), req->keys().data(), want);
-    std::memcpy(v.data(), req->values().data(), want);
-    auto r = core_->AppendInline(FromProto(req->session()), req->sequence_id(), Ids(req->token_ids()), k.data(), v.data(), dtype);
+    // The codec reads elements of `elem` bytes: protobuf's strings are heap blocks and in
+    // practice aligned, but nothing guarantees it; only a misaligned one is copied.
+    std::vector<uint32_t> k_copy, v_copy;
+    const auto aligned = [&](const std::string& bytes, std::vector<uint32_t>* copy) -> const void* {
+      if (reinterpret_cast<uintptr_t>(bytes.data()) % elem == 0) return bytes.data();
+      copy->resize((want + 3) / 4);
+      std::memcpy(copy->data(), bytes.data(), want);
+      return copy->data();
+    };
+    const void* keys = aligned(req->keys(), &k_copy);
+    const void* values = aligned(req->values(), &v_copy);
+    auto r = core_->AppendInline(FromProto(req->session()), req->sequence_id(), Ids(req->token_ids()), keys, values, dtype);
     if (!r.ok()) return ToGrpc(r.status());
     FillAppend(*r, resp);
     return grpc::Status::OK;

@@ -1,4 +1,5 @@
 // kvarnd: the KV-cache daemon. See `kvarnd --help`.
+#include <malloc.h>
 #include <signal.h>
 #include <sys/prctl.h>
 
@@ -34,6 +35,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kvarnd: cannot make the process non-dumpable\n");
     return 1;
   }
+  // glibc gives every thread that allocates its own arena; with gRPC's thread pool that keeps
+  // a burst of large requests resident long after it passed. Four arenas are plenty for the
+  // lock-light allocation pattern here (the housekeeping loop trims freed memory too).
+  mallopt(M_ARENA_MAX, 4);
   // SIGTERM/SIGINT (stop) and SIGHUP (reload tenants) are taken synchronously by this
   // thread; every other thread blocks them.
   sigset_t signals;

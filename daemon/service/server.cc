@@ -1,6 +1,7 @@
 #include "daemon/service/server.h"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
@@ -309,10 +310,16 @@ absl::Status Server::ReloadTenants() {
 }
 
 void Server::Housekeeping() {
+  absl::Time last_trim = absl::Now();
   while (!stop_housekeeping_.WaitForNotificationWithTimeout(config_.expiry_scan)) {
     const int n = core_->ExpireSessions();
     if (n > 0) Log(LogLevel::kInfo, "sessions_expired", {{"count", n}});
     backend_->Sweep();  // may read /proc and call the device: never under the core's lock
+    // Give the heap that a burst of large requests left free back to the system.
+    if (absl::Now() - last_trim >= absl::Seconds(1)) {
+      malloc_trim(0);
+      last_trim = absl::Now();
+    }
   }
 }
 

@@ -28,6 +28,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/lib/client.h"
+#include "common/mutex.h"
 
 extern char** environ;
 
@@ -40,12 +41,12 @@ using Clock = std::chrono::steady_clock;
 std::map<std::string, uint64_t> Status(pid_t pid) {
   std::map<std::string, uint64_t> out;
   std::ifstream f(absl::StrCat("/proc/", pid, "/status"));
-  std::string key;
-  while (f >> key) {
+  std::string line;
+  while (std::getline(f, line)) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
     uint64_t v = 0;
-    std::string rest;
-    if (key.back() == ':' && (f >> v)) out[key.substr(0, key.size() - 1)] = v;
-    std::getline(f, rest);
+    if (std::sscanf(line.c_str() + colon + 1, "%lu", &v) == 1) out[line.substr(0, colon)] = v;
   }
   return out;
 }
@@ -102,6 +103,8 @@ int Main(int argc, char** argv) {
 
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> ok_calls{0}, refused{0}, exhausted{0}, bytes_sent{0};
+  Mutex codes_mu;
+  std::map<std::string, uint64_t> codes;  // other errors by code
   std::vector<std::thread> workers;
   for (int t = 0; t < threads; ++t) {
     workers.emplace_back([&, t] {
@@ -139,7 +142,7 @@ int Main(int argc, char** argv) {
           }
         } else if (kind == 2) {
           // Just above the message limit: gRPC refuses it.
-          std::vector<uint32_t> huge(prompt.size() * 2);
+          std::vector<uint32_t> huge(prompt.size() * 2, 0xFFFFFFF0u);  // 5-byte varints: ~10 MiB
           auto q = (*s)->CreateSequence(huge);
           st = q.status();
         } else {
@@ -151,6 +154,8 @@ int Main(int argc, char** argv) {
           ++exhausted;
         } else {
           ++refused;
+          MutexLock lock(&codes_mu);
+          ++codes[absl::StrCat(absl::StatusCodeToString(st.code()), ": ", st.message().substr(0, 60))];
         }
       }
     });
@@ -171,6 +176,7 @@ int Main(int argc, char** argv) {
   std::printf("  calls: %lu answered OK, %lu RESOURCE_EXHAUSTED (oversize or thread quota), %lu other errors; %.1f MiB of K/V sent\n",
               static_cast<unsigned long>(ok_calls.load()), static_cast<unsigned long>(exhausted.load()),
               static_cast<unsigned long>(refused.load()), static_cast<double>(bytes_sent.load()) / (1 << 20));
+  for (const auto& [what, n] : codes) std::printf("    %lu x %s\n", static_cast<unsigned long>(n), what.c_str());
   const auto get = [](const std::map<std::string, uint64_t>& m, const char* k) { return m.count(k) ? m.at(k) : 0; };
   std::printf("  daemon RssAnon (heap): before %.1f MiB, sampled peak %.1f MiB, after %.1f MiB\n", MiB(get(before, "RssAnon")),
               MiB(peak_anon), MiB(get(after, "RssAnon")));

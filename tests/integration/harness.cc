@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -103,9 +104,14 @@ std::optional<RunAs> UnprivilegedUser() {
 
 namespace {
 // In a forked child before exec: become `who` (async-signal-safe calls only).
-void BecomeUser(const std::optional<RunAs>& who) {
-  if (!who.has_value()) return;
-  if (setgroups(0, nullptr) != 0 || setgid(who->gid) != 0 || setuid(who->uid) != 0) _exit(126);
+// Then arrange SIGKILL on the test's death, so a test that aborts (an assertion, a sanitizer
+// report, ctest's timeout) leaves no daemon behind. Set after the uid change, which clears it.
+void BecomeUser(const std::optional<RunAs>& who, pid_t parent) {
+  if (who.has_value() &&
+      (setgroups(0, nullptr) != 0 || setgid(who->gid) != 0 || setuid(who->uid) != 0)) {
+    _exit(126);
+  }
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(125);
 }
 }  // namespace
 
@@ -193,13 +199,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
   if (log < 0) return absl::InternalError(absl::StrCat("cannot create ", d->log_path_));
   const int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
   const std::optional<RunAs> run_as = o.run_as;
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {
     dup2(devnull, 0);
     dup2(log, 1);
     dup2(log, 2);
-    BecomeUser(run_as);
+    BecomeUser(run_as, parent);
     execv(argv.ptrs[0], argv.ptrs.data());
     _exit(127);
   }
@@ -286,12 +293,13 @@ absl::StatusOr<std::unique_ptr<Child>> Child::Spawn(const std::string& binary, c
     return absl::InternalError("pipe");
   }
   Argv argv(binary, args);
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {
     dup2(in[0], 0);
     dup2(out[1], 1);
-    BecomeUser(run_as);
+    BecomeUser(run_as, parent);
     execv(argv.ptrs[0], argv.ptrs.data());
     _exit(127);
   }
@@ -446,12 +454,14 @@ absl::StatusOr<std::pair<int, std::string>> RunWithInput(const std::string& bina
   const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (in < 0 || out < 0) return absl::InternalError("cannot open input/output files");
   Argv argv(binary, args);
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {
     dup2(in, 0);
     dup2(out, 1);
     dup2(out, 2);
+    BecomeUser(std::nullopt, parent);
     execv(argv.ptrs[0], argv.ptrs.data());
     _exit(127);
   }
