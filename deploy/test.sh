@@ -6,12 +6,19 @@
 # there is no device.
 #
 #   KVARN_TEST_SANITIZERS=0   skip the sanitizer jobs (the release tests only)
+#   KVARN_TEST_STOCK_CMAKE=0  skip configuring with Debian's stock CMake modules and building
+#                             one CUDA target with them (deploy/check_stock_cmake.sh)
 #   KVARN_FUZZ_SECONDS=N      seconds per fuzz target in the ASan job (default 60)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
 deploy/build.sh "$@"
 build=${KVARN_BUILD_DIR:-build}
+if [ "${KVARN_TEST_STOCK_CMAKE:-1}" != 0 ]; then
+  echo "== stock cmake modules: configure and build a CUDA target (deploy/check_stock_cmake.sh)"
+  deploy/check_stock_cmake.sh
+  echo "== stock cmake modules: passed after $(( $(date +%s) - start )) s"
+fi
 echo "== release: tests"
 ctest --test-dir "$build" --output-on-failure -j "${KVARN_JOBS:-$(nproc)}" --timeout 600
 echo "== release: passed after $(( $(date +%s) - start )) s"

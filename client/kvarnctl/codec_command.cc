@@ -9,6 +9,7 @@
 #include "client/kvarnctl/codec_synth.h"
 #include "client/kvarnctl/codec_tile.h"
 #include "client/kvarnctl/flags.h"
+#include "client/kvarnctl/json.h"
 #include "kernels/preset.h"
 
 namespace kvarn::ctl {
@@ -101,11 +102,15 @@ int RunCodecEncode(std::span<const std::string> args, const CommandIo& io) {
   flags.Int("iterations", &iterations, 0, 64, "N", "balancing iterations (default 8)");
   flags.Bool("head-dim-check", &req.verify,
              "read the record back as decode does; print its head_dim and errors");
+  bool json = false;
+  flags.Bool("json", &json,
+             "print one JSON object: record, preset, head_dim, record_bytes, bits_per_element, "
+             "compression_ratio, check");
   const CodecStatus parsed = flags.Parse(args);
   if (!parsed.ok()) return ReportError(io, parsed);
   if (flags.help_requested()) {
     io.out << "usage: kvarnctl codec encode --preset P --keys K.npy --values V.npy --out R.bin\n"
-              "                             [--iterations N] [--head-dim-check]\n\n"
+              "                             [--iterations N] [--head-dim-check] [--json]\n\n"
               "Quantizes one tile of one head into a record (KVARN_SPEC.md section 5). K and V\n"
               "are [G, D]: G = the preset's tile tokens (128, or 64 for *_g64), D = head_dim\n"
               "(64, 128, 256 or 512); token-major and unrotated, as the attention layer made\n"
@@ -118,6 +123,21 @@ int RunCodecEncode(std::span<const std::string> args, const CommandIo& io) {
   EncodeReport report;
   const CodecStatus s = EncodeFiles(req, &report);
   if (!s.ok()) return ReportError(io, s);
+  if (json) {
+    JsonWriter j;
+    j.BeginObject().Field("record", req.out_path).Field("preset", report.preset);
+    j.Field("head_dim", report.head_dim).Field("record_bytes", uint64_t{report.record_bytes});
+    j.Field("bits_per_element", report.bits_per_element);
+    j.Field("compression_ratio", 16.0 / report.bits_per_element);
+    if (req.verify) {
+      j.Key("check").BeginObject().Field("inferred_head_dim", report.inferred_head_dim);
+      j.Field("k_rel_l2", report.k_rel_l2).Field("v_rel_l2", report.v_rel_l2).EndObject();
+    } else {
+      j.Key("check").Null();
+    }
+    io.out << j.EndObject().str() << "\n";
+    return kExitOk;
+  }
   io.out << "wrote " << req.out_path << ": " << report.preset << " record, head_dim "
          << report.head_dim << ", " << report.record_bytes << " bytes ("
          << Fixed("%.3f", report.bits_per_element) << " bits/element, "
@@ -141,11 +161,15 @@ int RunCodecDecode(std::span<const std::string> args, const CommandIo& io) {
   flags.String("values-out", &req.values_out, "V.npy", "dequantized values, float32 [G, D]", true);
   flags.Int("head-dim", &head_dim, 1, 1 << 20, "D",
             "head_dim of the record (default: inferred from its size)");
+  bool json = false;
+  flags.Bool("json", &json,
+             "print one JSON object: keys_out, values_out, preset, tokens, head_dim, "
+             "head_dim_inferred, record_bytes");
   const CodecStatus parsed = flags.Parse(args);
   if (!parsed.ok()) return ReportError(io, parsed);
   if (flags.help_requested()) {
     io.out << "usage: kvarnctl codec decode --preset P --record R.bin --keys-out K.npy\n"
-              "                             --values-out V.npy [--head-dim D]\n\n"
+              "                             --values-out V.npy [--head-dim D] [--json]\n\n"
               "Dequantizes one record into K and V, float32 [G, D], token-major, in the original\n"
               "(unrotated) frame. The head_dim follows from the record's size for the preset;\n"
               "a record of any other size is rejected.\n\nFlags:\n"
@@ -157,6 +181,15 @@ int RunCodecDecode(std::span<const std::string> args, const CommandIo& io) {
   DecodeReport report;
   const CodecStatus s = DecodeFiles(req, &report);
   if (!s.ok()) return ReportError(io, s);
+  if (json) {
+    JsonWriter j;
+    j.BeginObject().Field("keys_out", req.keys_out).Field("values_out", req.values_out);
+    j.Field("preset", report.preset).Field("tokens", report.tokens).Field("head_dim", report.head_dim);
+    j.Field("head_dim_inferred", report.head_dim_inferred);
+    j.Field("record_bytes", uint64_t{report.record_bytes}).EndObject();
+    io.out << j.str() << "\n";
+    return kExitOk;
+  }
   io.out << "wrote " << req.keys_out << " and " << req.values_out << ": float32 (" << report.tokens
          << ", " << report.head_dim << "), original frame; head_dim " << report.head_dim
          << (report.head_dim_inferred ? " inferred from the " : " given, matching the ")
@@ -175,11 +208,15 @@ int RunCodecSynth(std::span<const std::string> args, const CommandIo& io) {
   flags.Int("heads", &heads, 1, 256, "H", "kv-heads (default 4)");
   flags.Int("head-dim", &head_dim, 1, 4096, "D", "64, 128, 256 or 512 (default 128)");
   flags.Uint64("seed", &o.seed, "S", "random seed (default 1); same seed, same files");
+  bool json = false;
+  flags.Bool("json", &json,
+             "print one JSON object: synthetic, seed, heads, tokens, head_dim, queries, files, "
+             "sink_mass, effective_tokens");
   const CodecStatus parsed = flags.Parse(args);
   if (!parsed.ok()) return ReportError(io, parsed);
   if (flags.help_requested()) {
     io.out << "usage: kvarnctl codec synth --out-dir DIR [--tokens T] [--heads H] [--head-dim D]\n"
-              "                            [--seed S]\n\n"
+              "                            [--seed S] [--json]\n\n"
               "Writes SYNTHETIC K/V, not taken from any model: k.npy and v.npy [H, T, D] and\n"
               "decode queries q.npy [H, 4, D], float32. They imitate what makes real caches hard\n"
               "to quantize: a few key channels with large magnitude and offset, RoPE (channel\n"
@@ -200,6 +237,16 @@ int RunCodecSynth(std::span<const std::string> args, const CommandIo& io) {
   const CodecStatus s = WriteSynthetic(dir, data, &files);
   if (!s.ok()) return ReportError(io, s);
   const AttentionShape shape = DescribeAttention(data);
+  if (json) {
+    JsonWriter j;
+    j.BeginObject().Field("synthetic", true).Field("seed", o.seed).Field("heads", o.heads);
+    j.Field("tokens", o.tokens).Field("head_dim", o.head_dim).Field("queries", o.queries);
+    j.Key("files").BeginObject().Field("keys", files[0]).Field("values", files[1]);
+    j.Field("queries", files[2]).EndObject();
+    j.Field("sink_mass", shape.sink_mass).Field("effective_tokens", shape.effective_tokens).EndObject();
+    io.out << j.str() << "\n";
+    return kExitOk;
+  }
   const std::string dims =
       std::to_string(o.heads) + ", " + std::to_string(o.tokens) + ", " + std::to_string(o.head_dim);
   io.out << "wrote SYNTHETIC K/V (generated, not from a model), float32, seed " << o.seed << ":\n"

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "client/kvarnctl/codec_eval.h"
+#include "client/kvarnctl/json.h"
 
 namespace kvarn::ctl {
 namespace {
@@ -20,29 +21,10 @@ std::string Err(double v) { return v >= 1e-3 || v == 0 ? Printf("%.4f", v) : Pri
 std::string Err(const std::optional<double>& v) { return v ? Err(*v) : "-"; }
 std::string Gbps(const std::optional<double>& v) { return v ? Printf("%.2f", *v) : "-"; }
 
-std::string JsonNumber(double v) {
-  if (!std::isfinite(v)) return "null";
-  return Printf("%.10g", v);
-}
+// A JSON value as text, for the fixed-order line below.
+std::string JsonNumber(double v) { return JsonWriter().Double(v).str(); }
 std::string JsonNumber(const std::optional<double>& v) { return v ? JsonNumber(*v) : "null"; }
-
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x",
-                    static_cast<unsigned>(static_cast<unsigned char>(c)));
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
+std::string JsonString(const std::string& s) { return JsonQuote(s); }
 
 const char* MethodName(Method m) {
   switch (m) {

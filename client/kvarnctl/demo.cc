@@ -4,7 +4,8 @@
 // the shared-memory tail (Stage + Commit), then decodes token by token, running decode
 // attention in place over its blocks before each append. K/V are synthetic but a pure
 // function of (position, token id), so identical prefixes produce identical tiles, as a
-// real model would. A progress line goes to stderr; a summary to stdout.
+// real model would. A progress line goes to stderr; a summary to stdout (one JSON object
+// with --json).
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "client/kvarnctl/daemon_commands.h"
+#include "client/kvarnctl/json.h"
 #include "kernels/fp16.h"
 
 namespace kvarn::ctl {
@@ -163,8 +165,8 @@ int RunDemo(std::span<const std::string> args, const CommandIo& io) {
   DaemonFlags d;
   d.tenant = "demo";
   d.Register(&flags);
-  d.tenant = "demo";
   DemoConfig cfg;
+  bool json = false;
   flags.Int("workers", &cfg.workers, 1, 64, "N", "simulated workers, one thread and session each (default 4)");
   flags.Int("requests", &cfg.requests, 1, 100000, "N", "requests per worker (default 8)");
   flags.Int("system-prompts", &cfg.system_prompts, 1, 64, "N", "distinct shared system prompts (default 2)");
@@ -173,16 +175,16 @@ int RunDemo(std::span<const std::string> args, const CommandIo& io) {
   flags.Int("user-max", &cfg.user_max, 1, 1 << 20, "N", "most private prompt tokens per request (default 256)");
   flags.Int("decode-tokens", &cfg.decode_tokens, 0, 1 << 20, "N", "tokens decoded per request (default 128)");
   flags.Uint64("seed", &cfg.seed, "S", "random seed (default 1)");
-  const CodecStatus ps = flags.Parse(args);
-  if (flags.help_requested()) {
-    io.out << "usage: kvarnctl demo [flags]\n\n"
-              "Simulated workers sharing system prompts through a running kvarnd: prefill and decode through\n"
-              "the shared-memory pool, decode attention read in place, and a closing summary (tokens/s, prefix\n"
-              "hit rate, blocks sealed, evictions, bytes per token against fp16). The K/V are synthetic.\n\nFlags:\n"
-           << flags.Usage();
-    return kExitOk;
+  flags.Bool("json", &json, "print the summary as one JSON object (docs/kvarnctl.md); progress stays on stderr");
+  if (int rc = ParseOrExit(flags, args, io,
+                           "usage: kvarnctl demo [flags]\n\n"
+                           "Simulated workers sharing system prompts through a running kvarnd: prefill and decode through\n"
+                           "the shared-memory pool, decode attention read in place, and a closing summary (tokens/s, prefix\n"
+                           "hit rate, blocks sealed, evictions, bytes per token against fp16). The K/V are synthetic.\n"
+                           "Each worker opens its own session on the target, as tenant demo by default.");
+      rc >= 0) {
+    return rc;
   }
-  if (!ps.ok()) return ReportError(io, ps);
   if (cfg.user_min > cfg.user_max) return ReportError(io, InvalidArgument("--user-min exceeds --user-max"));
 
   auto probe = Connect(d, /*observer=*/true, 0, "kvarnctl demo");
@@ -231,6 +233,38 @@ int RunDemo(std::span<const std::string> args, const CommandIo& io) {
   const int64_t tokens = totals.prefill + totals.decode;
   const double fp16_per_token = 2.0 * 2 * l.slots() * l.head_dim;
   const double quant_per_token = static_cast<double>(l.quant_block_bytes()) / l.tile_tokens;
+  const uint64_t sealed = after->seals() - before->seals();
+  const uint64_t evicted = after->evictions() - before->evictions();
+  if (json) {
+    JsonWriter j;
+    j.BeginObject().Field("target", d.target);
+    j.Key("config").BeginObject();
+    j.Field("workers", cfg.workers).Field("requests_per_worker", cfg.requests);
+    j.Field("system_prompts", cfg.system_prompts).Field("system_tokens", cfg.system_tokens);
+    j.Field("user_min", cfg.user_min).Field("user_max", cfg.user_max).Field("decode_tokens", cfg.decode_tokens);
+    j.Field("seed", cfg.seed).EndObject();
+    j.Key("model").BeginObject();
+    j.Field("num_layers", l.num_layers).Field("num_kv_heads", l.num_kv_heads).Field("head_dim", l.head_dim);
+    j.Field("tile_tokens", l.tile_tokens).Field("preset", probe->session->preset().Name()).EndObject();
+    j.Field("requests", totals.requests.load()).Field("seconds", secs);
+    j.Field("tokens_appended", tokens).Field("prefill_tokens", totals.prefill.load());
+    j.Field("decoded_tokens", totals.decode.load()).Field("tokens_per_second", tokens / std::max(secs, 1e-9));
+    j.Field("prompt_tokens", totals.prompt_tokens.load()).Field("cached_tokens", totals.cached_tokens.load());
+    j.Field("prefix_hit_ratio",
+            static_cast<double>(totals.cached_tokens) / static_cast<double>(std::max<int64_t>(1, totals.prompt_tokens)));
+    j.Field("tiles_sealed", sealed).Field("evictions", evicted);
+    j.Field("quant_bytes_per_token", quant_per_token).Field("fp16_bytes_per_token", fp16_per_token);
+    j.Field("compression_ratio", fp16_per_token / quant_per_token);
+    j.Field("attention_checks", totals.attn_checks);
+    if (totals.attn_checks > 0) {
+      j.Field("attention_rel_l2", totals.attn_err_sum / totals.attn_checks);
+    } else {
+      j.Key("attention_rel_l2").Null();
+    }
+    j.EndObject();
+    io.out << j.str() << "\n";
+    return kExitOk;
+  }
   std::ostringstream o;
   o << std::fixed;
   o << "demo: " << cfg.workers << " workers x " << cfg.requests << " requests, " << cfg.system_prompts
@@ -244,9 +278,8 @@ int RunDemo(std::span<const std::string> args, const CommandIo& io) {
     << std::setprecision(0) << tokens / secs << " tokens/s\n";
   o << std::setprecision(1) << "  prefix hit rate   " << 100.0 * totals.cached_tokens / std::max<int64_t>(1, totals.prompt_tokens)
     << "% of prompt tokens (" << totals.cached_tokens << " of " << totals.prompt_tokens << ")\n";
-  const uint64_t sealed = after->seals() - before->seals();
   o << "  tiles sealed      " << sealed << " (quantized and fp16 sink)\n";
-  o << "  evictions         " << after->evictions() - before->evictions() << "\n";
+  o << "  evictions         " << evicted << "\n";
   o << std::setprecision(0) << "  bytes per token   " << quant_per_token << " B quantized vs " << fp16_per_token
     << " B fp16: " << std::setprecision(2) << fp16_per_token / quant_per_token << "x smaller\n";
   if (totals.attn_checks > 0) {

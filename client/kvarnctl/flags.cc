@@ -1,8 +1,11 @@
 #include "client/kvarnctl/flags.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cstdio>
+
+#include "common/units.h"
 
 namespace kvarn::ctl {
 namespace {
@@ -40,6 +43,26 @@ CodecStatus ParseInt(std::string_view text, int64_t min, int64_t max, const std:
   return {};
 }
 
+const char kSizeUnits[] = "B, KiB, MiB, GiB, TiB (binary), KB, MB, GB, TB (decimal)";
+
+CodecStatus ParseSize(std::string_view text, const std::string& what, uint64_t* out) {
+  const absl::StatusOr<uint64_t> bytes = ParseBytes(absl::string_view(text.data(), text.size()));
+  if (bytes.ok()) {
+    *out = *bytes;
+    return {};
+  }
+  std::string message = what + ": " + std::string(bytes.status().message());
+  // Name the unit when the unit itself is what ParseBytes refuses: its trailing letters,
+  // which ParseBytes also refuses after a plain "1".
+  size_t letters = text.size();
+  while (letters > 0 && std::isalpha(static_cast<unsigned char>(text[letters - 1]))) --letters;
+  const std::string unit(text.substr(letters));
+  if (!unit.empty() && !ParseBytes("1" + unit).ok()) {
+    message += " (unknown unit '" + unit + "'; units: " + kSizeUnits + ")";
+  }
+  return InvalidArgument(message);
+}
+
 void FlagSet::Add(Flag flag) { flags_.push_back(std::move(flag)); }
 
 void FlagSet::String(std::string name, std::string* out, std::string value_name, std::string help,
@@ -62,6 +85,17 @@ void FlagSet::Int(std::string name, int64_t* out, int64_t min, int64_t max, std:
 
 void FlagSet::Uint64(std::string name, uint64_t* out, std::string value_name, std::string help) {
   Add({std::move(name), Kind::kUint64, out, 0, 0, std::move(value_name), std::move(help)});
+}
+
+void FlagSet::Bytes(std::string name, uint64_t* out, std::string value_name, std::string help,
+                    bool required) {
+  Add({std::move(name), Kind::kBytes, out, 0, 0, std::move(value_name),
+       std::move(help) + " (units: " + kSizeUnits + ", or plain bytes)", required});
+}
+
+void FlagSet::Duration(std::string name, absl::Duration* out, std::string value_name,
+                       std::string help) {
+  Add({std::move(name), Kind::kDuration, out, 0, 0, std::move(value_name), std::move(help)});
 }
 
 void FlagSet::Bool(std::string name, bool* out, std::string help) {
@@ -126,6 +160,20 @@ CodecStatus FlagSet::Assign(Flag* flag, const std::string& value) {
         return Error(what + ": " + value + " does not fit in 64 bits");
       }
       *static_cast<uint64_t*>(flag->out) = v;
+      return {};
+    }
+    case Kind::kBytes: {
+      const CodecStatus s = ParseSize(value, what, static_cast<uint64_t*>(flag->out));
+      return s.ok() ? s : Error(s.message());
+    }
+    case Kind::kDuration: {
+      absl::Duration d;
+      if (!absl::ParseDuration(value, &d) || d <= absl::ZeroDuration() ||
+          d == absl::InfiniteDuration()) {
+        return Error(what + ": '" + value +
+                     "' is not a positive duration with its unit, such as 500ms, 2s or 1m");
+      }
+      *static_cast<absl::Duration*>(flag->out) = d;
       return {};
     }
     case Kind::kBool:

@@ -6,6 +6,8 @@
 //   - a flag that was not declared (with a "did you mean" hint when one is close),
 //   - a valued flag with no value (end of arguments, or the next word is a flag),
 //   - a number that does not parse completely or is out of its declared range,
+//   - a size or a duration that does not parse (a size names its unit when that is the
+//     part that is wrong),
 //   - a value given to a switch (`--json=1`),
 //   - a non-repeatable flag given twice, a positional argument, a missing required flag.
 // `--help` / `-h` is always accepted and sets help_requested() (required flags are then
@@ -23,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "kernels/status.h"
 
 namespace kvarn::ctl {
@@ -43,6 +46,14 @@ class FlagSet {
            std::string help, bool required = false);
   // An unsigned 64-bit integer flag (seeds), decimal.
   void Uint64(std::string name, uint64_t* out, std::string value_name, std::string help);
+  // A size in bytes with an optional unit: "1MiB", "512KiB", "2GiB", "1.5GB", "4096B" or
+  // plain bytes, read by common/units.h ParseBytes, the parser kvarnd's configuration uses.
+  // Positive. `help` is followed by the accepted units in Usage().
+  void Bytes(std::string name, uint64_t* out, std::string value_name, std::string help,
+             bool required = false);
+  // A positive, finite duration with its unit: "500ms", "2s", "1.5s", "1m"
+  // (absl::ParseDuration).
+  void Duration(std::string name, absl::Duration* out, std::string value_name, std::string help);
   // A switch: present sets *out = true.
   void Bool(std::string name, bool* out, std::string help);
 
@@ -56,7 +67,7 @@ class FlagSet {
   std::string Usage() const;
 
  private:
-  enum class Kind { kString, kStringList, kInt, kUint64, kBool };
+  enum class Kind { kString, kStringList, kInt, kUint64, kBytes, kDuration, kBool };
   struct Flag {
     std::string name;  // without the leading "--"
     Kind kind;
@@ -82,6 +93,14 @@ class FlagSet {
 // Parses a complete decimal integer in [min, max]; `what` names it in the error.
 CodecStatus ParseInt(std::string_view text, int64_t min, int64_t max, const std::string& what,
                      int64_t* out);
+
+// Parses a size as FlagSet::Bytes does; `what` names it in the error, which also names the
+// unit when the unit is what kvarnd does not know ("unknown unit 'XB'").
+CodecStatus ParseSize(std::string_view text, const std::string& what, uint64_t* out);
+
+// The units ParseSize accepts, for help texts: "B, KiB, MiB, GiB, TiB (binary), KB, MB, GB,
+// TB (decimal)".
+extern const char kSizeUnits[];
 
 }  // namespace kvarn::ctl
 

@@ -30,6 +30,8 @@ constexpr Subcommand kCommands[] = {
     {"watch", "stream block stored/removed events with their prefix hashes", &RunWatch},
     {"demo", "simulated workers sharing system prompts through kvarnd, with a summary",
      &RunDemo},
+    {"health", "kvarnd's gRPC health check (SERVING or not), bounded by a deadline: for probes",
+     &RunHealth},
 };
 
 void PrintHelp(std::ostream& os) {
@@ -42,6 +44,9 @@ void PrintHelp(std::ostream& os) {
     os << "  " << c.name << std::string(width + 3 - c.name.size(), ' ') << c.summary << "\n";
   }
   os << "  help" << std::string(width - 1, ' ') << "help <command> [subcommand]: a command's help\n"
+     << "\nEvery command takes --json (results as JSON on stdout; errors stay text on stderr).\n"
+     << "Commands that talk to kvarnd connect to --target, else $KVARN_TARGET, else\n"
+     << kDefaultTarget << ". See docs/kvarnctl.md.\n"
      << "\nExit status: 0 success, 1 the work failed, 2 bad usage or input.\n";
 }
 

@@ -1,6 +1,6 @@
 // kvarn::Client: the C++ library an inference worker links to use kvarnd.
 //
-//   auto client = kvarn::Client::Connect("unix:/tmp/kvarnd.sock");
+//   auto client = kvarn::Client::Connect("unix:/run/kvarnd/kvarnd.sock");
 //   auto session = (*client)->OpenSession({.tenant = "team-a", .layout = layout});
 //   auto seq = (*session)->CreateSequence(prompt_ids);        // adopts a cached prefix
 //   (*session)->Append(seq->id, ids, keys, values, DType::kF16);  // writes the tail in place, commits

@@ -2,9 +2,12 @@
 #ifndef KVARN_DAEMON_CORE_CORE_TYPES_H_
 #define KVARN_DAEMON_CORE_CORE_TYPES_H_
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <iterator>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -177,13 +180,50 @@ struct CoreStats {
   uint32_t tail_slots_budget = 0, tail_slots_reserved = 0;
   uint64_t retained_bytes = 0;  // memory the backend keeps for a client process still alive
   uint32_t sessions = 0, sequences = 0;
+  uint32_t client_sessions = 0;  // sessions that are not observers (those hold a drain open)
   uint64_t prefix_queried_tokens = 0, prefix_hit_tokens = 0;
+  // The what-if ghosts' hit tokens (whatif.h), in kWhatIfScales order.
+  std::array<uint64_t, 4> whatif_hit_tokens{};
   uint64_t seals = 0, sink_seals = 0, dedup_seals = 0;
   uint64_t evictions[kEvictReasons] = {0, 0, 0, 0};  // by EvictReason
   uint64_t sessions_expired = 0;
   uint64_t epoch = 0;
   std::vector<SessionStats> session_info;
   std::vector<TenantReport> tenants;  // configured tenants: the caller's own, all for admins
+
+  uint32_t tile_tokens = 0;  // tokens per block (a tile), every class
+  bool draining = false;     // set by the service: SIGTERM arrived, no new sessions
+
+  // The pool's exact partition: every byte of every class's capacity in exactly one state.
+  // quant and sink: free, sealing, active, cached; tail (the sessions' fp16 tail slots):
+  // free, reserved, retained (slots kept for a client process after its session ended).
+  struct PoolState {
+    const char* cls;
+    const char* state;
+    uint64_t blocks;
+    uint64_t bytes;
+  };
+  std::vector<PoolState> Partition() const {
+    const uint64_t retained_slots = std::min<uint64_t>(
+        fp16_block_bytes ? (retained_bytes + fp16_block_bytes - 1) / fp16_block_bytes : 0,
+        tail_slots_budget - std::min(tail_slots_budget, tail_slots_reserved));
+    const uint64_t reserved = std::min(tail_slots_reserved, tail_slots_budget);
+    const PoolState rows[] = {
+        {"quant", "free", quant_free, 0},       {"quant", "sealing", quant_sealing, 0},
+        {"quant", "active", quant_active, 0},   {"quant", "cached", quant_cached, 0},
+        {"sink", "free", sink_free, 0},         {"sink", "sealing", sink_sealing, 0},
+        {"sink", "active", sink_active, 0},     {"sink", "cached", sink_cached, 0},
+        {"tail", "free", tail_slots_budget - reserved - retained_slots, 0},
+        {"tail", "reserved", reserved, 0},      {"tail", "retained", retained_slots, 0},
+    };
+    std::vector<PoolState> out(std::begin(rows), std::end(rows));
+    for (PoolState& r : out) r.bytes = r.blocks * (r.cls[0] == 'q' ? quant_block_bytes : fp16_block_bytes);
+    return out;
+  }
+  // The sum of Partition(): the pool's size (the configured capacity less what fits no block).
+  uint64_t PoolBytes() const {
+    return uint64_t{quant_total} * quant_block_bytes + (uint64_t{sink_total} + tail_slots_budget) * fp16_block_bytes;
+  }
 
   uint64_t ActiveBytes() const { return quant_active * quant_block_bytes + sink_active * fp16_block_bytes; }
   uint64_t CachedBytes() const { return quant_cached * quant_block_bytes + sink_cached * fp16_block_bytes; }
@@ -211,7 +251,9 @@ class CoreObserver {
   virtual ~CoreObserver() = default;
   virtual void OnSeal(bool fp16, absl::Duration latency) = 0;
   virtual void OnEvict(EvictReason reason, uint32_t blocks) = 0;
-  virtual void OnQuantError(double relative_l2) = 0;
+  // One sampled tile's relative L2 error, per method: "kvarn" (the stored record) and the
+  // baselines "hadamard" and "kivi" on the same tile (quant_error.h).
+  virtual void OnQuantError(std::string_view method, double relative_l2) = 0;
 };
 
 }  // namespace kvarn

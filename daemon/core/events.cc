@@ -14,7 +14,8 @@ std::vector<BlockEvent> EventLog::Read(uint64_t after, size_t max, absl::Duratio
                                        bool* lost) {
   const absl::Time deadline = absl::Now() + timeout;
   MutexLock lock(&mu_);
-  while (next_seq_ - 1 <= after) {
+  const uint64_t wakes = wakes_;
+  while (next_seq_ - 1 <= after && wakes_ == wakes) {
     if (arrived_.WaitUntil(&mu_, deadline)) break;
   }
   std::vector<BlockEvent> out;
@@ -25,6 +26,12 @@ std::vector<BlockEvent> EventLog::Read(uint64_t after, size_t max, absl::Duratio
     out.push_back(e);
   }
   return out;
+}
+
+void EventLog::Wake() {
+  MutexLock lock(&mu_);
+  ++wakes_;
+  arrived_.SignalAll();
 }
 
 uint64_t EventLog::last_seq() const {

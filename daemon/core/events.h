@@ -35,12 +35,16 @@ class EventLog {
   std::vector<BlockEvent> Read(uint64_t after, size_t max, absl::Duration timeout, bool* lost)
       ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t last_seq() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends every Read waiting now, with what it has (possibly nothing): a watcher that is
+  // stopping does not sit out its poll interval.
+  void Wake() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   const size_t capacity_;
   mutable Mutex mu_;
   std::deque<BlockEvent> events_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t wakes_ ABSL_GUARDED_BY(mu_) = 0;
   CondVar arrived_;  // signalled on every Append
 };
 

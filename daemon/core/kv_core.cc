@@ -55,10 +55,9 @@ HashNamespaceInput NamespaceBase(const ModelConfig& m, const Preset& p) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<KvCore>> KvCore::Create(const CoreConfig& config, MemoryBackend* backend,
-                                                       const Clock* clock, SealerFactory sealer, CoreObserver* observer,
-                                                       uint64_t epoch) {
-  Preset preset;
+absl::StatusOr<PoolPlan> KvCore::Plan(const CoreConfig& config) {
+  PoolPlan plan;
+  Preset& preset = plan.preset;
   if (absl::Status s = ValidateModel(config.model, &preset); !s.ok()) return s;
   if (!(config.fp16_share > 0.0 && config.fp16_share < 1.0)) return absl::InvalidArgumentError("fp16_share must be in (0, 1)");
   if (config.model.sink_tokens > 0 && !(config.sink_share > 0.0 && config.sink_share < 1.0)) {
@@ -71,7 +70,7 @@ absl::StatusOr<std::unique_ptr<KvCore>> KvCore::Create(const CoreConfig& config,
   if (config.tenant_max_sessions < 1 || config.tenant_max_watchers < 1) {
     return absl::InvalidArgumentError("tenant_max_sessions and tenant_max_watchers must be at least 1");
   }
-  BlockLayout layout;
+  BlockLayout& layout = plan.layout;
   layout.num_layers = static_cast<int>(config.model.num_layers);
   layout.num_kv_heads = static_cast<int>(config.model.num_kv_heads);
   layout.head_dim = static_cast<int>(config.model.head_dim);
@@ -91,6 +90,20 @@ absl::StatusOr<std::unique_ptr<KvCore>> KvCore::Create(const CoreConfig& config,
         config.model.sink_tokens > 0 ? " and one sink block" : "", " (fp16_share ", config.fp16_share, ", sink_share ",
         config.sink_share, " give ", quant_blocks, ", ", tail_budget, " and ", sink_blocks, ")"));
   }
+  plan.quant_blocks = static_cast<uint32_t>(quant_blocks);
+  plan.sink_blocks = static_cast<uint32_t>(sink_blocks);
+  plan.tail_slots = static_cast<uint32_t>(tail_budget);
+  return plan;
+}
+
+absl::StatusOr<std::unique_ptr<KvCore>> KvCore::Create(const CoreConfig& config, MemoryBackend* backend,
+                                                       const Clock* clock, SealerFactory sealer, CoreObserver* observer,
+                                                       uint64_t epoch) {
+  auto plan = Plan(config);
+  if (!plan.ok()) return plan.status();
+  const Preset& preset = plan->preset;
+  const BlockLayout& layout = plan->layout;
+  const uint64_t quant_blocks = plan->quant_blocks, sink_blocks = plan->sink_blocks, tail_budget = plan->tail_slots;
   auto core = std::unique_ptr<KvCore>(new KvCore(config, preset, layout, backend, clock, observer,
                                                  epoch ? epoch : RandomEpoch(), static_cast<uint32_t>(quant_blocks),
                                                  static_cast<uint32_t>(sink_blocks), static_cast<uint32_t>(tail_budget)));
@@ -115,7 +128,8 @@ KvCore::KvCore(const CoreConfig& config, const Preset& preset, const BlockLayout
                QuotaDefaults{config.tenant_max_sessions, config.tenant_max_watchers, tail_budget,
                              uint64_t{quant_blocks} * layout.quant_block_bytes() + uint64_t{sink_blocks} * layout.fp16_block_bytes()}),
       sessions_(epoch, config.lease_ttl, config.grace, &usage_),
-      pools_(quant_blocks, sink_blocks, layout.quant_block_bytes(), layout.fp16_block_bytes(), &usage_) {}
+      pools_(quant_blocks, sink_blocks, layout.quant_block_bytes(), layout.fp16_block_bytes(), &usage_),
+      whatif_(quant_blocks, sink_blocks) {}
 
 KvCore::~KvCore() = default;
 
@@ -218,6 +232,15 @@ absl::StatusOr<OpenResult> KvCore::OpenSession(const OpenParams& p) {
   if (slots > config_.max_tail_slots) {
     return absl::InvalidArgumentError(absl::StrCat("max_sequences ", slots, " exceeds the limit ", config_.max_tail_slots));
   }
+  // A presented admin token must be the daemon's: a wrong one is refused, never quietly
+  // taken for a tenant's session (a tool would then report a tenant's view as the daemon's).
+  const bool admin = !config_.admin_token.empty() && p.admin_token.size() == config_.admin_token.size() &&
+                     CRYPTO_memcmp(p.admin_token.data(), config_.admin_token.data(), p.admin_token.size()) == 0;
+  if (!p.admin_token.empty() && !admin) {
+    return absl::PermissionDeniedError(config_.admin_token.empty()
+                                           ? "this kvarnd has no admin token; open the session without one"
+                                           : "the admin token does not match this kvarnd's");
+  }
   SessionState s;
   if (absl::Status r = FillRandom(s.secret.data(), s.secret.size()); !r.ok()) return r;
   {
@@ -265,8 +288,7 @@ absl::StatusOr<OpenResult> KvCore::OpenSession(const OpenParams& p) {
     return created;
   }
   s.client_name = p.client_name;
-  s.admin = !config_.admin_token.empty() && p.admin_token.size() == config_.admin_token.size() &&
-            CRYPTO_memcmp(p.admin_token.data(), config_.admin_token.data(), p.admin_token.size()) == 0;
+  s.admin = admin;
   s.observer = p.observer;
   s.tail_region = std::move(tail);
   s.slots = slots;
@@ -446,7 +468,6 @@ absl::StatusOr<CreateResult> KvCore::CreateSequence(const SessionRef& ref, std::
   auto s = sessions_.Find(ref);
   if (!s.ok()) return s.status();
   SessionState& session = **s;
-  if (draining_) return absl::UnavailableError("draining: create the sequence elsewhere");
   if (session.free_slots.empty()) {
     return absl::ResourceExhaustedError(session.slots == 0
         ? std::string("an observer session has no tail slots: open one with max_sequences")
@@ -479,6 +500,7 @@ absl::StatusOr<CreateResult> KvCore::CreateSequence(const SessionRef& ref, std::
   }
   counters_.prefix_queried_tokens += prompt.size();
   counters_.prefix_hit_tokens += q.tokens;
+  whatif_.Query(hashes, [this](size_t i) { return ClassAt(i); }, static_cast<uint64_t>(preset_.tile_tokens));
   CreateResult r;
   r.sequence = q.id;
   r.cached_tokens = q.tokens;

@@ -46,6 +46,7 @@
 #include "daemon/core/sequence.h"
 #include "daemon/core/sessions.h"
 #include "daemon/core/tenants.h"
+#include "daemon/core/whatif.h"
 #include "kernels/block_layout.h"
 #include "kernels/preset.h"
 
@@ -57,8 +58,17 @@ struct WatchGrant {
   uint32_t tenant = 0;
 };
 
+// How a config divides its capacity: what Create would build, without building it.
+struct PoolPlan {
+  Preset preset;
+  BlockLayout layout;
+  uint32_t quant_blocks = 0, sink_blocks = 0, tail_slots = 0;
+};
+
 class KvCore {
  public:
+  // Validates the config and sizes the pools (INVALID_ARGUMENT naming what does not fit).
+  static absl::StatusOr<PoolPlan> Plan(const CoreConfig& config);
   // Validates the config, sizes the pools and creates their regions. epoch 0 draws a random
   // one. The default sealer factory builds a CpuSealer.
   static absl::StatusOr<std::unique_ptr<KvCore>> Create(const CoreConfig& config, MemoryBackend* backend,
@@ -142,7 +152,8 @@ class KvCore {
   absl::StatusOr<CoreStats> Stats(std::optional<SessionRef> ref) const;
   absl::StatusOr<std::vector<SequenceStats>> ListSequences(const SessionRef& ref) const;
 
-  // Refuse new sessions, sequences and appends (UNAVAILABLE) from now on.
+  // Refuse new sessions (UNAVAILABLE) from now on; open sessions keep being served (their
+  // sequences, appends, forks) until they close or the daemon stops.
   void BeginDrain();
   // Every block in one state, every reference owned, every count and charge consistent.
   absl::Status CheckInvariants() const;
@@ -192,6 +203,8 @@ class KvCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Phase B of an append: the data-plane work outside the lock.
   absl::Status AppendWork(const AppendPlan& plan, const void* keys, const void* values, DType dtype);
+  // Reports one sealed tile's error and its baselines' to the observer (outside the lock).
+  void SampleQuantError(const AppendPlan& plan, int layer, int head);
   absl::StatusOr<AppendResult> FinishAppend(const AppendPlan& plan, absl::Status work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoreConfig config_;
@@ -227,6 +240,7 @@ class KvCore {
   uint32_t watchers_ ABSL_GUARDED_BY(mu_) = 0;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   CoreStats counters_ ABSL_GUARDED_BY(mu_);  // cumulative counters only
+  WhatIfCache whatif_ ABSL_GUARDED_BY(mu_);
   // Regions of ended sessions, destroyed by Locked after the lock is released.
   std::vector<std::unique_ptr<Region>> graveyard_ ABSL_GUARDED_BY(mu_);
 };

@@ -133,6 +133,8 @@ absl::StatusOr<CoreStats> KvCore::Stats(std::optional<SessionRef> ref) const {
   CoreStats st = counters_;
   st.quant_block_bytes = layout_.quant_block_bytes();
   st.fp16_block_bytes = layout_.fp16_block_bytes();
+  st.tile_tokens = static_cast<uint32_t>(preset_.tile_tokens);
+  st.whatif_hit_tokens = whatif_.hit_tokens();
   const BlockPool& qp = pools_.pool(BlockClass::kQuant);
   const BlockPool& sp = pools_.pool(BlockClass::kSink);
   st.quant_total = qp.total();
@@ -152,6 +154,8 @@ absl::StatusOr<CoreStats> KvCore::Stats(std::optional<SessionRef> ref) const {
   st.fp16_capacity_bytes = (uint64_t{sp.total()} + tail_budget_) * layout_.fp16_block_bytes();
   st.capacity_bytes = config_.capacity_bytes;
   st.sessions = sessions_.live_count();
+  st.client_sessions = sessions_.live_count() - sessions_.observer_count();
+  st.draining = draining_;
   st.sequences = static_cast<uint32_t>(sequences_.size());
   st.epoch = epoch_;
   for (const SessionState* s : sessions_.Live()) {

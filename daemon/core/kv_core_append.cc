@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/core/check.h"
 #include "daemon/core/kv_core.h"
+#include "daemon/core/quant_error.h"
 
 namespace kvarn {
 
@@ -84,7 +85,6 @@ absl::StatusOr<AppendResult> KvCore::AppendImpl(const SessionRef& ref, SequenceI
     Locked lock(this);
     auto s = sessions_.Find(ref);
     if (!s.ok()) return s.status();
-    if (draining_) return absl::UnavailableError("draining: continue the sequence elsewhere");
     if (absl::Status st = PlanAppend(**s, seq, token_ids, &plan); !st.ok()) return st;
   }
   absl::Status work = AppendWork(plan, keys, values, dtype);
@@ -102,7 +102,6 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendResult>>> KvCore::AppendBatch(
     Locked lock(this);
     auto s = sessions_.Find(ref);
     if (!s.ok()) return s.status();
-    if (draining_) return absl::UnavailableError("draining: continue the sequences elsewhere");
     for (size_t i = 0; i < items.size(); ++i) {
       absl::Status st = PlanAppend(**s, items[i].first, items[i].second, &plans[i]);
       if (!st.ok()) {
@@ -132,18 +131,29 @@ absl::Status KvCore::AppendWork(const AppendPlan& plan, const void* keys, const 
   // configured not to. Either way a seal validates the whole tile again (the encoder refuses
   // NaN/Inf, the sink copy is scanned), which also catches a client rewriting committed tokens.
   if (work.ok() && keys == nullptr && config_.check_commits) work = sealer_->CheckTokens(plan.slot, plan.first, plan.n);
-  double sampled_error = -1.0;
+  bool sample = false;
   if (work.ok() && plan.seal && plan.own_block) {
     uint8_t* dst = BlockPtr(plan.block);
     work = plan.cls == BlockClass::kSink ? sealer_->SealSink(plan.slot, dst) : sealer_->SealQuantized(plan.slot, dst);
-    if (work.ok() && plan.cls == BlockClass::kQuant && observer_ != nullptr && plan.block.id % 16 == 0) {
-      sampled_error = sealer_->SampleError(plan.slot, dst, static_cast<int>(plan.block.id / 16 % layout_.num_layers),
-                                           static_cast<int>(plan.block.id / 16 % layout_.num_kv_heads));
-    }
     if (observer_ != nullptr && work.ok()) observer_->OnSeal(plan.cls == BlockClass::kSink, clock_->Now() - start);
+    sample = work.ok() && plan.cls == BlockClass::kQuant && observer_ != nullptr && plan.block.id % 16 == 0;
   }
-  if (sampled_error >= 0.0) observer_->OnQuantError(sampled_error);
+  // Every 16th quantized block (by id) has one (layer, kv-head) tile sampled, after the seal's
+  // latency was taken: the stored record's error and the baselines' on the same tile.
+  if (sample) SampleQuantError(plan, static_cast<int>(plan.block.id / 16 % layout_.num_layers),
+                               static_cast<int>(plan.block.id / 16 % layout_.num_kv_heads));
   return work;
+}
+
+void KvCore::SampleQuantError(const AppendPlan& plan, int layer, int head) {
+  const double stored = sealer_->SampleError(plan.slot, BlockPtr(plan.block), layer, head);
+  if (stored < 0.0) return;
+  std::vector<float> k(layout_.tile_elems()), v(layout_.tile_elems());
+  if (!sealer_->DecodeTile(plan.slot, /*fp16=*/true, layer, head, k.data(), v.data()).ok()) return;
+  observer_->OnQuantError("kvarn", stored);
+  for (const BaselineError& b : QuantBaselines(preset_, layout_.head_dim, k.data(), v.data())) {
+    if (b.relative_l2 >= 0.0) observer_->OnQuantError(b.method, b.relative_l2);
+  }
 }
 
 absl::StatusOr<AppendResult> KvCore::FinishAppend(const AppendPlan& plan, absl::Status work) {
@@ -189,6 +199,7 @@ absl::StatusOr<AppendResult> KvCore::FinishAppend(const AppendPlan& plan, absl::
       q.quant.push_back(block.id);
     }
     q.last_hash = plan.hash;
+    whatif_.Sealed(plan.hash, block.cls);
     q.tail_tokens = 0;
     q.tail_ids.clear();
     q.tokens += static_cast<uint64_t>(plan.n);
@@ -219,7 +230,6 @@ absl::StatusOr<CreateResult> KvCore::Fork(const SessionRef& ref, SequenceId seq)
     if (!q.ok()) return q.status();
     SessionState& session = **s;
     Sequence& parent = **q;
-    if (draining_) return absl::UnavailableError("draining: fork elsewhere");
     if (parent.busy) return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " has another call in flight"));
     if (session.free_slots.empty()) {
       return absl::ResourceExhaustedError(absl::StrCat("all ", session.slots, " tail slots of this session are in use; release a sequence"));

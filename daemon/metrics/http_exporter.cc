@@ -355,15 +355,30 @@ std::string HttpExporter::Respond(const absl::StatusOr<HttpRequest>& parsed) con
   const HttpRequest& request = *parsed;
   const bool head = request.method == "HEAD";
   const bool get_or_head = head || request.method == "GET";
-  if (request.path != "/metrics" && request.path != "/healthz") {
-    return Serialize(PlainReply(404, "Not Found", "not found; try /metrics\n"), !head);
+  if (request.path != "/metrics" && request.path != "/healthz" && request.path != "/readyz") {
+    return Serialize(PlainReply(404, "Not Found", "not found; try /metrics, /healthz or /readyz\n"), !head);
   }
   if (!get_or_head) {
     Reply reply = PlainReply(405, "Method Not Allowed", "method not allowed\n");
     reply.allow = "GET, HEAD";
     return Serialize(reply, true);
   }
-  if (request.path == "/healthz") return Serialize(PlainReply(200, "OK", "ok\n"), !head);
+  if (request.path == "/healthz" || request.path == "/readyz") {
+    const Serving serving = serving_.load(std::memory_order_relaxed);
+    const char* state = serving == Serving::kServing    ? "serving"
+                        : serving == Serving::kDraining ? "draining"
+                        : serving == Serving::kStopped  ? "stopped"
+                                                        : "starting";
+    const bool live = serving == Serving::kServing || serving == Serving::kDraining;
+    if (request.path == "/healthz") {
+      return Serialize(live ? PlainReply(200, "OK", absl::StrCat("ok ", state, "\n"))
+                            : PlainReply(503, "Service Unavailable", absl::StrCat(state, "\n")),
+                       !head);
+    }
+    return Serialize(serving == Serving::kServing ? PlainReply(200, "OK", "ready\n")
+                                                  : PlainReply(503, "Service Unavailable", absl::StrCat(state, "\n")),
+                     !head);
+  }
   Reply reply{200, "OK", kTextContentType, registry_->Serialize(), ""};
   return Serialize(reply, !head);
 }

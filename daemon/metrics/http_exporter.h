@@ -1,6 +1,7 @@
 // A minimal HTTP/1.1 server for Prometheus scrapes:
 //   GET /metrics  200, the Registry in the text format 0.0.4
-//   GET /healthz  200, "ok"
+//   GET /healthz  liveness: 200 "ok serving" or "ok draining"; 503 "starting" / "stopped"
+//   GET /readyz   readiness: 200 "ready" while serving; 503 "starting", "draining", "stopped"
 //   other paths   404;  other methods on those paths 405 (HEAD is served like GET)
 //   malformed     400;  head too large 431;  HTTP version other than 1.x 505
 // Every response closes its connection: a scrape every few seconds gains nothing from
@@ -19,6 +20,7 @@
 #ifndef KVARN_DAEMON_METRICS_HTTP_EXPORTER_H_
 #define KVARN_DAEMON_METRICS_HTTP_EXPORTER_H_
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -93,6 +95,10 @@ class HttpExporter {
   // The bound port (the kernel's pick when Options::port was 0).
   uint16_t port() const { return port_; }
 
+  // What /healthz and /readyz report; kStarting until the owner says otherwise.
+  enum class Serving { kStarting, kServing, kDraining, kStopped };
+  void SetServing(Serving s) { serving_.store(s, std::memory_order_relaxed); }
+
  private:
   struct Connection;
 
@@ -117,6 +123,7 @@ class HttpExporter {
   const UniqueFd wake_;  // eventfd: Stop() writes to it, which ends Serve()
   const uint16_t port_;
 
+  std::atomic<Serving> serving_{Serving::kStarting};
   Mutex stop_mu_;
   std::thread thread_ ABSL_GUARDED_BY(stop_mu_);
   // Used by the server thread while it runs; Stop() closes it after joining, so connections

@@ -145,11 +145,11 @@ const std::map<std::string, Key>& Keys() {
                          c->core.admin_token = v;
                          return absl::OkStatus();
                        }}},
-      {"admin_token_file", Str("write the admin token here at start, mode 0600", &DaemonConfig::admin_token_file)},
+      {"admin_token_file", Str("with admin_token: written there (mode 0600); alone: the token is read from it (e.g. a mounted Secret), or a random one is generated and written there when it does not exist", &DaemonConfig::admin_token_file)},
       {"instance", Str("instance name, for logs and /proc/<pid>/maps (default kvarnd)", &DaemonConfig::instance)},
       {"backend", Str("host, cuda or auto (default host)", &DaemonConfig::backend)},
       {"cuda_device", Int("CUDA device ordinal (default 0)", &DaemonConfig::cuda_device, 0, 63)},
-      {"listen", Str("Unix socket path, empty disables (default /tmp/kvarnd.sock)", &DaemonConfig::listen)},
+      {"listen", Str("Unix socket path, empty disables (default /run/kvarnd/kvarnd.sock; its directory must exist)", &DaemonConfig::listen)},
       {"socket_mode", {"permissions of the Unix socket and its descriptor channel, octal (default 0600: this uid only)",
                        [](const std::string& v, DaemonConfig* c) {
                          uint32_t x = 0;
@@ -202,7 +202,7 @@ const std::map<std::string, Key>& Keys() {
                        }}},
       {"grpc_max_threads", Int("unary calls handled at once; more get RESOURCE_EXHAUSTED (default 32)",
                                &DaemonConfig::grpc_max_threads, 4, 4096)},
-      {"drain_ms", {"on SIGTERM, in-flight calls get this long before they are cancelled, ms (default 2000)",
+      {"drain_ms", {"on SIGTERM: no new sessions; open ones are served until they close or this long has passed, then calls still in flight are cancelled; a second SIGTERM cuts it short, ms (default 20000)",
                     [](const std::string& v, DaemonConfig* c) {
                       int64_t x;
                       if (!absl::SimpleAtoi(v, &x) || x < 0) return Bad(v, "a non-negative number of milliseconds");
@@ -210,6 +210,7 @@ const std::map<std::string, Key>& Keys() {
                       return absl::OkStatus();
                     }}},
       {"log_level", Str("debug, info, warning or error (default info)", &DaemonConfig::log_level)},
+      {"check_config", Bool("true: validate the settings, print how the capacity divides into blocks and tokens, and exit (0 valid, 2 not) without serving", &DaemonConfig::check_config)},
   };
   return *keys;
 }
@@ -239,20 +240,35 @@ uint32_t ReadTokensPerCall(const DaemonConfig& c) {
   return static_cast<uint32_t>(std::min<uint64_t>(c.core.max_read_tokens, by_bytes));
 }
 
+// The grammar (docs/daemon.md, "Configuration"): one `key = value` per line; `#` at the start
+// of a line or after whitespace begins a comment to the end of the line (a `#` inside a value,
+// with no space before it, is part of the value); blank lines are skipped; a key may appear
+// once per file.
 absl::Status ApplyConfigText(const std::string& text, DaemonConfig* c) {
   std::istringstream in(text);
   std::string line;
   int lineno = 0;
+  std::map<std::string, int> seen;
   while (std::getline(in, line)) {
     ++lineno;
-    absl::string_view l = absl::StripAsciiWhitespace(line);
-    if (l.empty() || l[0] == '#') continue;
+    absl::string_view l = line;
+    for (size_t i = 0; i < l.size(); ++i) {
+      if (l[i] == '#' && (i == 0 || l[i - 1] == ' ' || l[i - 1] == '\t')) {
+        l = l.substr(0, i);
+        break;
+      }
+    }
+    l = absl::StripAsciiWhitespace(l);
+    if (l.empty()) continue;
     const size_t eq = l.find('=');
     if (eq == absl::string_view::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("line ", lineno, ": expected key = value"));
+      return absl::InvalidArgumentError(absl::StrCat("line ", lineno, ": expected key = value, got '", l, "'"));
     }
     const std::string key(absl::StripAsciiWhitespace(l.substr(0, eq)));
     const std::string value(absl::StripAsciiWhitespace(l.substr(eq + 1)));
+    if (auto [at, fresh] = seen.emplace(key, lineno); !fresh) {
+      return absl::InvalidArgumentError(absl::StrCat("line ", lineno, ": ", key, " is already set on line ", at->second));
+    }
     if (absl::Status s = Apply(key, value, c); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("line ", lineno, ": ", s.message()));
     }
@@ -283,6 +299,8 @@ absl::StatusOr<DaemonConfig> ParseDaemonConfig(const std::vector<std::string>& a
     if (const size_t eq = a.find('='); eq != std::string::npos) {
       key = a.substr(0, eq);
       value = a.substr(eq + 1);
+    } else if (key == "check_config" && (i + 1 == args.size() || args[i + 1].rfind("--", 0) == 0)) {
+      value = "true";  // a bare --check_config
     } else if (i + 1 < args.size()) {
       value = args[++i];
     } else {
@@ -329,6 +347,32 @@ std::string DaemonHelp() {
   for (const auto& [k, v] : Keys()) absl::StrAppend(&s, "  --", k, "\n      ", v.help, "\n");
   absl::StrAppend(&s, "  --config\n      a file of key = value lines, read before the other flags\n");
   return s;
+}
+
+std::string DescribePlan(const DaemonConfig& c, const PoolPlan& plan) {
+  const ModelConfig& m = c.core.model;
+  const uint64_t tile = static_cast<uint64_t>(plan.layout.tile_tokens);
+  const uint64_t qb = plan.layout.quant_block_bytes(), fb = plan.layout.fp16_block_bytes();
+  const uint64_t pool = uint64_t{plan.quant_blocks} * qb + (uint64_t{plan.sink_blocks} + plan.tail_slots) * fb;
+  std::string out = absl::StrCat("config ok\n", "model ", m.model_id, ": ", m.num_layers, " layers, ", m.num_kv_heads,
+                                 " kv heads, head_dim ", m.head_dim, "; preset ", plan.preset.Name(), " (", tile,
+                                 "-token tiles), sink_tokens ", m.sink_tokens, "\n");
+  absl::StrAppend(&out, "capacity ", FormatBytes(static_cast<double>(c.core.capacity_bytes)), " configured, pool ",
+                  FormatBytes(static_cast<double>(pool)), "\n");
+  const auto row = [&](const char* name, uint64_t blocks, uint64_t bytes, const char* what) {
+    absl::StrAppend(&out, "  ", name, std::string(7 - std::string(name).size(), ' '), blocks, " x ", FormatBytes(static_cast<double>(bytes)),
+                    " = ", FormatBytes(static_cast<double>(blocks * bytes)), ", ", blocks * tile, " tokens (", what, ")\n");
+  };
+  row("quant", plan.quant_blocks, qb, "quantized tiles");
+  row("sink", plan.sink_blocks, fb, "fp16 first tiles, shared");
+  row("tail", plan.tail_slots, fb, "fp16 tail slots of open sequences");
+  const double fp16_token = 2.0 * 2.0 * m.num_layers * m.num_kv_heads * m.head_dim;  // K and V, 2 bytes each
+  absl::StrAppend(&out, "quantized tokens per GiB ", static_cast<uint64_t>(double(1ull << 30) / static_cast<double>(qb) * static_cast<double>(tile)),
+                  " (fp16: ", static_cast<uint64_t>(double(1ull << 30) / fp16_token), ")\n");
+  absl::StrAppend(&out, "listen ", c.listen.empty() ? "(none)" : c.listen, ", tcp ", c.tcp.empty() ? "(none)" : c.tcp, ", metrics ",
+                  c.metrics.empty() ? "(none)" : c.metrics, ", backend ", c.backend, ", tenants ",
+                  c.tenants_file.empty() ? "(one trust domain)" : c.tenants_file, "\n");
+  return out;
 }
 
 }  // namespace kvarn

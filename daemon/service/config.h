@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/core/core_types.h"
+#include "daemon/core/kv_core.h"
 
 namespace kvarn {
 
@@ -17,7 +18,7 @@ struct DaemonConfig {
   std::string instance = "kvarnd";          // names the daemon in logs and its segments in /proc/<pid>/maps
   std::string backend = "host";             // host, cuda or auto
   int cuda_device = 0;
-  std::string listen = "/tmp/kvarnd.sock";  // Unix domain socket path ("" disables)
+  std::string listen = "/run/kvarnd/kvarnd.sock";  // Unix domain socket path ("" disables)
   uint32_t socket_mode = 0600;              // of the Unix socket and its descriptor channel
   std::string tcp;                          // host:port for TCP ("" disables)
   // TLS for TCP: certificate chain and private key (PEM files); with a client CA, clients must
@@ -25,11 +26,12 @@ struct DaemonConfig {
   // TLS unless allow_insecure_tcp.
   std::string tls_cert, tls_key, tls_client_ca;
   bool allow_insecure_tcp = false;
+  bool check_config = false;  // validate, print the pool plan, exit
   // Tenants file (core/tenants.h): authenticated tenants and their quotas; reloaded on SIGHUP.
   // Empty: one trust domain.
   std::string tenants_file;
   std::string metrics = "127.0.0.1:9464";   // host:port of /metrics ("" disables)
-  std::string admin_token_file;             // written at start (mode 0600) when admin_token is set
+  std::string admin_token_file;             // see ResolveAdminToken (server.cc)
   int seal_threads = 1;                     // encode workers per seal
   // Memory the daemon spends on requests (docs/daemon.md, "Bounded memory"):
   int max_message_mb = 0;                   // gRPC message limit, MiB; 0: derived from the layout
@@ -40,7 +42,7 @@ struct DaemonConfig {
   absl::Duration watch_poll = absl::Milliseconds(200);  // Watch hub's longest wait
   std::string log_level = "info";
   absl::Duration expiry_scan = absl::Milliseconds(50);  // lease check period
-  absl::Duration drain = absl::Seconds(2);  // SIGTERM: in-flight calls get this long
+  absl::Duration drain = absl::Seconds(20);  // SIGTERM: open sessions are served this long at most
 };
 
 // The gRPC message limit in bytes: max_message_mb when set, else what the layout needs: a
@@ -58,6 +60,10 @@ absl::StatusOr<DaemonConfig> ParseDaemonConfig(const std::vector<std::string>& a
 absl::Status ApplyConfigText(const std::string& text, DaemonConfig* config);
 
 std::string DaemonHelp();
+
+// `kvarnd --check_config`: the model, and how the capacity divides into quantized blocks, sink
+// blocks and tail slots, in bytes and tokens.
+std::string DescribePlan(const DaemonConfig& c, const PoolPlan& plan);
 
 }  // namespace kvarn
 

@@ -97,6 +97,22 @@ void ToProto(const CoreStats& s, const std::string& preset, v1::StatsResponse* o
   out->set_evictions(evictions);
   out->set_epoch(s.epoch);
   out->set_preset(preset);
+  for (const CoreStats::PoolState& r : s.Partition()) {
+    auto* e = out->add_pool();
+    e->set_pool_class(r.cls);
+    e->set_state(r.state);
+    e->set_blocks(r.blocks);
+    e->set_bytes(r.bytes);
+    e->set_tokens(r.blocks * s.tile_tokens);
+  }
+  out->set_pool_bytes(s.PoolBytes());
+  out->set_tile_tokens(s.tile_tokens);
+  out->set_draining(s.draining);
+  for (size_t i = 0; i < kWhatIfScales.size(); ++i) {
+    auto* w = out->add_whatif();
+    w->set_capacity_scale(kWhatIfScales[i]);
+    w->set_hit_tokens(s.whatif_hit_tokens[i]);
+  }
   for (const SessionStats& i : s.session_info) {
     auto* o = out->add_session_info();
     o->set_session_id(i.id);

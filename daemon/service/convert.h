@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "daemon/core/core_types.h"
 #include "daemon/core/events.h"
+#include "daemon/core/whatif.h"
 #include "kvarn/v1/kvarn.pb.h"
 
 namespace kvarn {

@@ -1,4 +1,5 @@
 // kvarnd: the KV-cache daemon. See `kvarnd --help`.
+#include <algorithm>
 #include <malloc.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -24,6 +25,15 @@ int main(int argc, char** argv) {
   if (!config.ok()) {
     std::fprintf(stderr, "kvarnd: %s\n", std::string(config.status().message()).c_str());
     return 2;
+  }
+  if (config->check_config) {
+    auto plan = kvarn::KvCore::Plan(config->core);
+    if (!plan.ok()) {
+      std::fprintf(stderr, "kvarnd: %s\n", std::string(plan.status().message()).c_str());
+      return 2;
+    }
+    std::fputs(kvarn::DescribePlan(*config, *plan).c_str(), stdout);
+    return 0;
   }
   // Debian's Abseil is built with mutex deadlock detection on, which costs a global graph
   // update on every lock of an absl::Mutex (gRPC's own locks; kvarnd's are common/mutex.h).
@@ -62,7 +72,32 @@ int main(int argc, char** argv) {
     (*server)->ReloadTenants().IgnoreError();  // logged; the old tenants stay on error
   }
   kvarn::Log(kvarn::LogLevel::kInfo, "signal", {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"}});
-  (*server)->Shutdown(config->drain);
+  // Drain: no new sessions, open ones served until they close or drain_ms passes; a second
+  // SIGTERM or SIGINT cuts it short. Calls still in flight then belong to no session
+  // (Describe, Stats, health) or to sessions the drain gave up on: they get 500 ms of what
+  // is left of the budget, at least 200 ms, before gRPC cancels them and drops the
+  // connections (it would otherwise wait for idle clients to hang up).
+  (*server)->BeginDrain();
+  const absl::Time until = absl::Now() + config->drain;
+  const char* ended = "sessions_closed";
+  while ((*server)->ClientSessions() > 0) {
+    const absl::Duration left = until - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      ended = "drain_ms";
+      break;
+    }
+    const timespec wait = absl::ToTimespec(std::min(left, absl::Milliseconds(20)));
+    const int got = sigtimedwait(&signals, nullptr, &wait);
+    if (got == SIGHUP) (*server)->ReloadTenants().IgnoreError();
+    if (got == SIGTERM || got == SIGINT) {
+      ended = "second_signal";
+      break;
+    }
+  }
+  kvarn::Log(kvarn::LogLevel::kInfo, "drain_ended",
+             {{"reason", ended}, {"sessions", static_cast<int64_t>((*server)->ClientSessions())}});
+  (*server)->Shutdown(
+      std::clamp(until - absl::Now(), absl::Milliseconds(200), absl::Milliseconds(500)));
   // Everything that outlives the process is released by now (segments unlinked, socket
   // removed, calls finished). gRPC's library teardown can wait seconds on an idle internal
   // poller, so leave without running it.

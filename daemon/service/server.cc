@@ -11,13 +11,19 @@
 #include <unistd.h>
 
 #include <boost/interprocess/sync/file_lock.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/strip.h"
+#include "common/random.h"
+#include "absl/strings/ascii.h"
 #include "daemon/backends/host_memory.h"
 #include "daemon/core/cpu_sealer.h"
 #include "daemon/service/log.h"
@@ -130,20 +136,100 @@ absl::StatusOr<std::unique_ptr<MemoryBackend>> MakeBackend(const DaemonConfig& c
   return std::unique_ptr<MemoryBackend>(new HostMemoryBackend(c.instance));
 }
 
+// The socket's directory must exist and be writable by kvarnd's uid: say which, and how to fix
+// it, before anything else fails with a vaguer "cannot listen".
+absl::Status CheckListenDirectory(const std::string& listen) {
+  const size_t slash = listen.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : listen.substr(0, slash);
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot listen on ", listen, ": directory ", dir, " does not exist; create it (install -d -o ",
+                                                      geteuid(), " ", dir, ") or set listen to a path in a directory kvarnd can write"));
+  }
+  if (access(dir.c_str(), W_OK | X_OK) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot listen on ", listen, ": directory ", dir, " (owner uid ", st.st_uid, ", mode 0",
+                                                      (st.st_mode & 0777) >> 6, (st.st_mode & 070) >> 3, st.st_mode & 07,
+                                                      ") is not writable by kvarnd's uid ", geteuid()));
+  }
+  return absl::OkStatus();
+}
+
+// Writes `token` to `path` (mode 0600) through a temporary file and a rename.
+absl::Status WriteTokenFile(const std::string& path, const std::string& token) {
+  const std::string tmp = path + ".tmp";
+  const int fd = open(tmp.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600);
+  if (fd < 0) return absl::FailedPreconditionError(absl::StrCat("cannot write admin_token_file ", tmp, ": ", std::strerror(errno)));
+  const std::string line = token + "\n";
+  const bool ok = write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  close(fd);
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    unlink(tmp.c_str());
+    return absl::FailedPreconditionError(absl::StrCat("cannot write admin_token_file ", path, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+// The admin token: admin_token as given (also written to admin_token_file when both are set);
+// else the token in admin_token_file when it exists (a mounted Secret); else a fresh random
+// one written there; else none.
+absl::StatusOr<std::string> ResolveAdminToken(const DaemonConfig& c) {
+  if (c.admin_token_file.empty()) return c.core.admin_token;
+  if (!c.core.admin_token.empty()) {
+    if (absl::Status w = WriteTokenFile(c.admin_token_file, c.core.admin_token); !w.ok()) return w;
+    return c.core.admin_token;
+  }
+  struct stat st;
+  if (stat(c.admin_token_file.c_str(), &st) == 0) {
+    if (absl::Status ok = CheckSecretFile(c.admin_token_file, "admin_token_file"); !ok.ok()) return ok;
+    auto text = ReadFile(c.admin_token_file, "admin_token_file");
+    if (!text.ok()) return text.status();
+    const std::string token(absl::StripAsciiWhitespace(*text));
+    if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("admin_token_file ", c.admin_token_file, " is empty"));
+    if (token.size() > 1024 || absl::StrContains(token, "\n")) {
+      return absl::InvalidArgumentError(absl::StrCat("admin_token_file ", c.admin_token_file, " must hold one token of 1..1024 bytes"));
+    }
+    return token;
+  }
+  if (errno != ENOENT) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot stat admin_token_file ", c.admin_token_file, ": ", std::strerror(errno)));
+  }
+  uint8_t bytes[32];
+  if (absl::Status r = FillRandom(bytes, sizeof bytes); !r.ok()) return r;
+  const std::string token = absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(bytes), sizeof bytes));
+  if (absl::Status w = WriteTokenFile(c.admin_token_file, token); !w.ok()) return w;
+  Log(LogLevel::kInfo, "admin_token_generated", {{"file", c.admin_token_file}});
+  return token;
+}
+
 }  // namespace
 
-absl::StatusOr<std::vector<TenantSpec>> LoadTenantsFile(const std::string& path) {
+absl::Status CheckSecretFile(const std::string& path, const std::string& what) {
   struct stat st;
-  if (stat(path.c_str(), &st) != 0) return absl::FailedPreconditionError(absl::StrCat("cannot stat tenants file ", path));
-  if (!S_ISREG(st.st_mode)) return absl::FailedPreconditionError(absl::StrCat("tenants file ", path, " is not a regular file"));
-  if ((st.st_mode & 077) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat("tenants file ", path, " has mode 0", (st.st_mode & 0777) >> 6,
-                                                      (st.st_mode & 070) >> 3, st.st_mode & 07,
-                                                      ": it holds token hashes; make it 0600 (chmod 600 ", path, ")"));
+  if (stat(path.c_str(), &st) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot stat ", what, " ", path, ": ", std::strerror(errno)));
   }
-  if (st.st_uid != geteuid()) {
-    return absl::FailedPreconditionError(absl::StrCat("tenants file ", path, " belongs to uid ", st.st_uid, ", not to kvarnd's uid ", geteuid()));
+  if (!S_ISREG(st.st_mode)) return absl::FailedPreconditionError(absl::StrCat(what, " ", path, " is not a regular file"));
+  // No access for others, and the group may only read, when it is one of kvarnd's own groups
+  // (a Kubernetes Secret volume with fsGroup: root-owned, mode 0440, kvarnd's group).
+  bool own_group = st.st_gid == getegid();
+  gid_t groups[256];
+  const int n = getgroups(256, groups);
+  for (int i = 0; i < n && !own_group; ++i) own_group = groups[i] == st.st_gid;
+  if ((st.st_mode & 037) != 0 || ((st.st_mode & 040) != 0 && !own_group)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " ", path, " has mode 0", (st.st_mode & 0777) >> 6, (st.st_mode & 070) >> 3, st.st_mode & 07,
+        (st.st_mode & 037) == 0 ? absl::StrCat(" and group ", st.st_gid, ", not one of kvarnd's") : "",
+        ": it holds credentials; make it 0600 (chmod 600 ", path, "), or 0440 with kvarnd's group"));
   }
+  if (st.st_uid != geteuid() && st.st_uid != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " ", path, " belongs to uid ", st.st_uid, ", neither kvarnd's uid ",
+                                                      geteuid(), " nor root"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<TenantSpec>> LoadTenantsFile(const std::string& path) {
+  if (absl::Status ok = CheckSecretFile(path, "tenants file"); !ok.ok()) return ok;
   auto text = ReadFile(path, "tenants file");
   if (!text.ok()) return text.status();
   auto specs = ParseTenants(*text);
@@ -161,6 +247,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const DaemonConfig& config
   SetLogLevel(level);
 
   if (!config.listen.empty()) {
+    if (absl::Status dir = CheckListenDirectory(config.listen); !dir.ok()) return dir;
     auto lock = InstanceLock::Acquire(config.listen + ".lock");
     if (!lock.ok()) return lock.status();
     s->lock_ = std::move(*lock);
@@ -186,28 +273,21 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const DaemonConfig& config
   auto m = ServiceMetrics::Create(&s->registry_);
   if (!m.ok()) return m.status();
   s->metrics_ = std::move(*m);
-  auto core = KvCore::Create(config.core, s->backend_.get(), SystemClock::Get(), sealer, s->metrics_.get());
+  auto admin = ResolveAdminToken(config);
+  if (!admin.ok()) return admin.status();
+  s->config_.core.admin_token = *admin;
+  auto core = KvCore::Create(s->config_.core, s->backend_.get(), SystemClock::Get(), sealer, s->metrics_.get());
   if (!core.ok()) return core.status();
   s->core_ = std::move(*core);
   if (!config.tenants_file.empty()) {
     if (absl::Status t = s->core_->ConfigureTenants(tenants); !t.ok()) return t;
   }
   if (absl::Status b = s->metrics_->Bind(s->core_.get()); !b.ok()) return b;
-
-  if (!config.core.admin_token.empty() && !config.admin_token_file.empty()) {
-    const std::string tmp = config.admin_token_file + ".tmp";
-    {
-      const int fd = open(tmp.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600);
-      if (fd < 0) return absl::FailedPreconditionError(absl::StrCat("cannot write ", tmp));
-      const std::string line = config.core.admin_token + "\n";
-      const bool ok = write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
-      close(fd);
-      if (!ok) return absl::FailedPreconditionError(absl::StrCat("cannot write ", tmp));
-    }
-    if (std::rename(tmp.c_str(), config.admin_token_file.c_str()) != 0) {
-      return absl::FailedPreconditionError(absl::StrCat("cannot write ", config.admin_token_file));
-    }
-  }
+  auto info = s->registry_.AddCallbackGauge("kvarn_build_info", "Always 1: the kvarnd version, memory backend, preset and model it serves.",
+                                            {"version", "backend", "preset", "model_id"});
+  if (!info.ok()) return info.status();
+  (*info)->SetCallback({KVARN_VERSION, s->backend_->name(), s->core_->preset().Name(), config.core.model.model_id},
+                       [] { return 1.0; }).IgnoreError();
 
   const uint64_t message_limit = MessageLimitBytes(config);
   KvService::Options so;
@@ -262,7 +342,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const DaemonConfig& config
     s->descriptors_ = std::move(*ds);
   }
   grpc::HealthCheckServiceInterface* health = s->grpc_->GetHealthCheckService();
-  if (health != nullptr) health->SetServingStatus("kvarn.v1.KvCache", true);
+  if (health != nullptr) {
+    health->SetServingStatus("", true);
+    health->SetServingStatus("kvarn.v1.KvCache", true);
+  }
 
   if (!config.metrics.empty()) {
     auto hp = SplitHostPort(config.metrics);
@@ -274,6 +357,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const DaemonConfig& config
     if (!e.ok()) return absl::Status(e.status().code(), absl::StrCat("metrics endpoint ", config.metrics, ": ", e.status().message()));
     s->exporter_ = std::move(*e);
   }
+  if (s->exporter_) s->exporter_->SetServing(metrics::HttpExporter::Serving::kServing);
   s->housekeeping_ = std::thread([p = s.get()] { p->Housekeeping(); });
   if (insecure_tcp) {
     Log(LogLevel::kWarning, "insecure_tcp", {{"tcp", config.tcp}, {"reason", "allow_insecure_tcp=true: anyone who can reach this "
@@ -323,12 +407,33 @@ void Server::Housekeeping() {
   }
 }
 
-void Server::Shutdown(absl::Duration deadline) {
-  if (shut_down_.exchange(true)) return;
-  Log(LogLevel::kInfo, "kvarnd_draining", {});
+void Server::BeginDrain() {
   // A Start that failed part-way (e.g. --backend=cuda without a device) leaves later
   // members unset.
-  if (core_) core_->BeginDrain();
+  if (!core_ || draining_.exchange(true)) return;
+  core_->BeginDrain();
+  if (grpc_) {
+    grpc::HealthCheckServiceInterface* health = grpc_->GetHealthCheckService();
+    if (health != nullptr) {
+      health->SetServingStatus("", false);
+      health->SetServingStatus("kvarn.v1.KvCache", false);
+    }
+  }
+  if (exporter_) exporter_->SetServing(metrics::HttpExporter::Serving::kDraining);
+  Log(LogLevel::kInfo, "kvarnd_draining", {{"sessions", static_cast<int64_t>(ClientSessions())}});
+}
+
+uint32_t Server::ClientSessions() const {
+  if (!core_) return 0;
+  auto st = core_->Stats(std::nullopt);
+  return st.ok() ? st->client_sessions : 0;
+}
+
+void Server::Shutdown(absl::Duration deadline) {
+  if (shut_down_.exchange(true)) return;
+  BeginDrain();
+  Log(LogLevel::kInfo, "kvarnd_stopping", {{"sessions", static_cast<int64_t>(ClientSessions())}});
+  if (exporter_) exporter_->SetServing(metrics::HttpExporter::Serving::kStopped);
   if (descriptors_) descriptors_->Stop();
   if (grpc_) {
     grpc::HealthCheckServiceInterface* health = grpc_->GetHealthCheckService();

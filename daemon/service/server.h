@@ -36,8 +36,15 @@ class Server {
   static absl::StatusOr<std::unique_ptr<Server>> Start(const DaemonConfig& config);
   ~Server();
 
-  // Graceful stop: refuse new work (UNAVAILABLE), end streams, give in-flight calls up to
-  // `deadline`, then release memory and remove the sockets.
+  // Drain (SIGTERM): new sessions are refused (UNAVAILABLE), readiness turns false at once
+  // (/readyz 503, gRPC health NOT_SERVING, kvarn_draining 1), and open sessions keep being
+  // served. The caller waits for ClientSessions() to reach 0 or its drain budget to pass,
+  // then calls Shutdown. Idempotent.
+  void BeginDrain();
+  // Open sessions that are not observers: what a drain waits for.
+  uint32_t ClientSessions() const;
+  // Stop: drains if not draining yet, ends streams, gives calls in flight up to `deadline`,
+  // then releases memory and removes the sockets.
   void Shutdown(absl::Duration deadline = absl::Seconds(5));
   // Re-reads the tenants file (SIGHUP). On any error the old tenants stay and the error is
   // returned (and logged).
@@ -64,8 +71,14 @@ class Server {
   int tcp_port_ = 0;
   Notification stop_housekeeping_;
   std::thread housekeeping_;
+  std::atomic<bool> draining_{false};
   std::atomic<bool> shut_down_{false};
 };
+
+// A file holding credentials must be a regular file (symlinks followed: a Kubernetes Secret
+// volume) of kvarnd's uid or root, with no access for others, and readable by the group only
+// when the group is one of kvarnd's. FAILED_PRECONDITION naming the file and the fix.
+absl::Status CheckSecretFile(const std::string& path, const std::string& what);
 
 // Reads and validates a tenants file: a regular file of this user, no access for group or
 // others (mode 0600 or 0400), then ParseTenants.

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <string>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 
@@ -32,9 +34,18 @@ const char* CodeName(grpc::StatusCode c) {
     case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
     case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
     case grpc::StatusCode::DATA_LOSS: return "DATA_LOSS";
+    case grpc::StatusCode::UNKNOWN: return "UNKNOWN";
+    case grpc::StatusCode::ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case grpc::StatusCode::ABORTED: return "ABORTED";
+    case grpc::StatusCode::OUT_OF_RANGE: return "OUT_OF_RANGE";
+    case grpc::StatusCode::UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case grpc::StatusCode::INTERNAL: return "INTERNAL";
     default: return "OTHER";
   }
 }
+
+// 0.5 -> "0.5", 1 -> "1": the capacity_scale label as Prometheus users write it.
+std::string ScaleLabel(double scale) { return absl::StrCat(scale); }
 
 }  // namespace
 
@@ -53,9 +64,11 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(metrics::
   for (EvictReason r : {EvictReason::kAllocation, EvictReason::kWatermark, EvictReason::kRequest, EvictReason::kQuota}) {
     m->evictions_->WithLabels({ReasonName(r)});
   }
-  auto err = registry->AddHistogram("kvarn_sampled_quantization_error_ratio",
-                                    "Relative L2 error of sampled freshly sealed tiles against their fp16 source.",
-                                    {0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0});
+  auto err = registry->AddHistogram(
+      "kvarn_sampled_quantization_error_ratio",
+      "Relative L2 error of sampled freshly sealed tiles against their fp16 source, by method: kvarn (the stored "
+      "record) and the baselines hadamard and kivi on the same tile at the same bit widths.",
+      {0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0}, {"method"});
   if (!err.ok()) return err.status();
   m->quant_error_ = *err;
   auto rpc = registry->AddHistogram("kvarn_rpc_duration_seconds", "gRPC handler latency, by method.", *latency, {"method"});
@@ -87,24 +100,40 @@ absl::Status ServiceMetrics::Bind(const KvCore* core) {
   const auto counter = [&](const char* name, const char* help, std::vector<std::string> labels) {
     return registry_->AddCallbackCounter(name, help, std::move(labels));
   };
-  auto capacity = gauge("kvarn_pool_capacity_bytes", "Pool memory by block class: quantized tiles, fp16 (sink blocks and tail slots), and the total.", {"class"});
+  // The pool's exact partition (CoreStats::Partition): for each class, the states' bytes sum
+  // to the class's capacity; the classes' capacities sum to the pool.
+  auto capacity = gauge("kvarn_pool_capacity_bytes", "Pool memory by block class: quant (quantized tiles), sink (fp16 first tiles, shared), tail (the sessions' fp16 tail slots). Sums to the pool.", {"class"});
   if (!capacity.ok()) return capacity.status();
-  (*capacity)->SetCallback({"quant"}, [this] { return static_cast<double>(Snapshot().quant_capacity_bytes); }).IgnoreError();
-  (*capacity)->SetCallback({"fp16"}, [this] { return static_cast<double>(Snapshot().fp16_capacity_bytes); }).IgnoreError();
-  (*capacity)->SetCallback({"total"}, [this] { return static_cast<double>(Snapshot().capacity_bytes); }).IgnoreError();
-
-  auto bytes = gauge("kvarn_pool_bytes", "Pool memory by block state: free, active (referenced), cached (unreferenced, kept for prefix hits), fp16 (sink blocks and reserved tail slots).", {"state"});
+  auto capacity_tokens = gauge("kvarn_pool_capacity_tokens", "Pool capacity in tokens by block class (blocks x tokens per tile).", {"class"});
+  if (!capacity_tokens.ok()) return capacity_tokens.status();
+  auto bytes = gauge("kvarn_pool_bytes", "Pool memory by class and state; for each class the states sum to its kvarn_pool_capacity_bytes. quant, sink: free, sealing, active (referenced), cached (unreferenced, kept for prefix hits); tail: free, reserved (by open sessions), retained (kept for a client process after its session ended).", {"class", "state"});
   if (!bytes.ok()) return bytes.status();
-  (*bytes)->SetCallback({"active"}, [this] { return static_cast<double>(Snapshot().ActiveBytes()); }).IgnoreError();
-  (*bytes)->SetCallback({"cached"}, [this] { return static_cast<double>(Snapshot().CachedBytes()); }).IgnoreError();
-  (*bytes)->SetCallback({"fp16"}, [this] {
-    const CoreStats s = Snapshot();
-    return static_cast<double>(uint64_t{s.sink_total - s.sink_free} * s.fp16_block_bytes + s.TailBytes());
-  }).IgnoreError();
-  (*bytes)->SetCallback({"free"}, [this] {
-    const CoreStats s = Snapshot();
-    return static_cast<double>(s.capacity_bytes - std::min(s.capacity_bytes, s.UsedBytes()));
-  }).IgnoreError();
+  auto tokens = gauge("kvarn_pool_tokens", "kvarn_pool_bytes in tokens (blocks x tokens per tile).", {"class", "state"});
+  if (!tokens.ok()) return tokens.status();
+  const CoreStats probe = core->Stats(std::nullopt).value_or(CoreStats{});
+  for (const char* cls : {"quant", "sink", "tail"}) {
+    const auto sum = [this, cls](bool in_tokens) {
+      const CoreStats s = Snapshot();
+      uint64_t total = 0;
+      for (const CoreStats::PoolState& r : s.Partition()) {
+        if (std::string_view(r.cls) == cls) total += in_tokens ? r.blocks * s.tile_tokens : r.bytes;
+      }
+      return static_cast<double>(total);
+    };
+    (*capacity)->SetCallback({cls}, [sum] { return sum(false); }).IgnoreError();
+    (*capacity_tokens)->SetCallback({cls}, [sum] { return sum(true); }).IgnoreError();
+  }
+  for (size_t i = 0; i < probe.Partition().size(); ++i) {
+    const CoreStats::PoolState row = probe.Partition()[i];
+    (*bytes)->SetCallback({row.cls, row.state}, [this, i] { return static_cast<double>(Snapshot().Partition()[i].bytes); }).IgnoreError();
+    (*tokens)->SetCallback({row.cls, row.state}, [this, i] {
+      const CoreStats s = Snapshot();
+      return static_cast<double>(s.Partition()[i].blocks * s.tile_tokens);
+    }).IgnoreError();
+  }
+  auto configured = gauge("kvarn_pool_configured_bytes", "The configured capacity; the pool is this less what fits no block (under one block per class).", {});
+  if (!configured.ok()) return configured.status();
+  (*configured)->SetCallback({}, [this] { return static_cast<double>(Snapshot().capacity_bytes); }).IgnoreError();
 
   auto blocks = gauge("kvarn_pool_blocks", "Blocks by class and state.", {"class", "state"});
   if (!blocks.ok()) return blocks.status();
@@ -122,11 +151,14 @@ absl::Status ServiceMetrics::Bind(const KvCore* core) {
     (*blocks)->SetCallback({b.cls, b.state}, [this, field] { return static_cast<double>(Snapshot().*field); }).IgnoreError();
   }
 
-  auto usage = gauge("kvarn_pool_usage_ratio", "Share of the pool capacity in use (active, cached and fp16 blocks); 1 means full.", {});
+  auto usage = gauge("kvarn_pool_usage_ratio", "Share of the pool not free (every state but free in kvarn_pool_bytes, cached included); 1 means full.", {});
   if (!usage.ok()) return usage.status();
   (*usage)->SetCallback({}, [this] {
     const CoreStats s = Snapshot();
-    return s.capacity_bytes ? static_cast<double>(s.UsedBytes()) / static_cast<double>(s.capacity_bytes) : 0.0;
+    uint64_t free = 0;
+    for (const CoreStats::PoolState& r : s.Partition()) free += std::string_view(r.state) == "free" ? r.bytes : 0;
+    const uint64_t pool = s.PoolBytes();
+    return pool ? static_cast<double>(pool - std::min(pool, free)) / static_cast<double>(pool) : 0.0;
   }).IgnoreError();
 
   auto queried = counter("kvarn_prefix_cache_queried_tokens_total", "Prompt tokens looked up in the prefix cache by CreateSequence.", {});
@@ -135,6 +167,17 @@ absl::Status ServiceMetrics::Bind(const KvCore* core) {
   auto hit = counter("kvarn_prefix_cache_hit_tokens_total", "Prompt tokens served from the prefix cache.", {});
   if (!hit.ok()) return hit.status();
   (*hit)->SetCallback({}, [this] { return static_cast<double>(Snapshot().prefix_hit_tokens); }).IgnoreError();
+  auto whatif = counter("kvarn_whatif_prefix_hit_tokens_total",
+                        "Prompt tokens that would have been prefix-cache hits with capacity_scale times the pool's "
+                        "sealed-block capacity (an LRU ghost of block hashes replaying the same lookups and seals; "
+                        "capacity_scale=\"1\" is the ghost of the pool itself).",
+                        {"capacity_scale"});
+  if (!whatif.ok()) return whatif.status();
+  for (size_t i = 0; i < kWhatIfScales.size(); ++i) {
+    (*whatif)->SetCallback({ScaleLabel(kWhatIfScales[i])}, [this, i] {
+      return static_cast<double>(Snapshot().whatif_hit_tokens[i]);
+    }).IgnoreError();
+  }
 
   auto seals = counter("kvarn_seals_total", "Tiles sealed: quantized (quant), kept fp16 (sink), or shared with an identical cached tile (dedup).", {"kind"});
   if (!seals.ok()) return seals.status();
@@ -151,6 +194,10 @@ absl::Status ServiceMetrics::Bind(const KvCore* core) {
   auto expired = counter("kvarn_sessions_expired_total", "Sessions ended by their lease (stream lost past the grace period, or silent past the TTL).", {});
   if (!expired.ok()) return expired.status();
   (*expired)->SetCallback({}, [this] { return static_cast<double>(Snapshot().sessions_expired); }).IgnoreError();
+
+  auto draining = gauge("kvarn_draining", "1 while kvarnd drains after SIGTERM (no new sessions; open ones still served), else 0.", {});
+  if (!draining.ok()) return draining.status();
+  (*draining)->SetCallback({}, [this] { return Snapshot().draining ? 1.0 : 0.0; }).IgnoreError();
 
   const Preset& p = core->preset();
   const double ratio = 16.0 / p.BitsPerElement(core->layout().head_dim);
@@ -245,7 +292,9 @@ void ServiceMetrics::OnEvict(EvictReason reason, uint32_t blocks) {
   evictions_->WithLabels({ReasonName(reason)}).Increment(blocks);
 }
 
-void ServiceMetrics::OnQuantError(double relative_l2) { quant_error_->WithLabels({}).Observe(relative_l2); }
+void ServiceMetrics::OnQuantError(std::string_view method, double relative_l2) {
+  quant_error_->WithLabels({std::string(method)}).Observe(relative_l2);
+}
 
 void ServiceMetrics::OnRpc(std::string_view method, grpc::StatusCode code, absl::Duration latency) {
   const absl::string_view m(method.data(), method.size());

@@ -31,7 +31,7 @@ class ServiceMetrics final : public CoreObserver, public RpcObserver {
 
   void OnSeal(bool fp16, absl::Duration latency) override;
   void OnEvict(EvictReason reason, uint32_t blocks) override;
-  void OnQuantError(double relative_l2) override;
+  void OnQuantError(std::string_view method, double relative_l2) override;
   void OnRpc(std::string_view method, grpc::StatusCode code, absl::Duration latency) override;
 
  private:

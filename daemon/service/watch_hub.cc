@@ -234,6 +234,7 @@ void WatchHub::Stop() {
     if (stopping_) return;
     stopping_ = true;
   }
+  core_->events().Wake();
   if (thread_.joinable()) thread_.join();
 }
 

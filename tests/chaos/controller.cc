@@ -65,6 +65,7 @@ std::vector<std::string> Controller::DaemonArgs() const {
       absl::StrCat("--grace_ms=", o_.grace_ms),
       absl::StrCat("--lease_ttl_ms=", o_.lease_ttl_ms),
       absl::StrCat("--keepalive_ms=", o_.keepalive_ms),
+      "--drain_ms=2000",  // the final SIGTERM: stopped clients may still hold sessions
       "--admin_token=" + admin_token_,
       "--log_level=info",
   };

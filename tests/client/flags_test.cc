@@ -17,6 +17,8 @@ struct Flags {
   std::vector<std::string> presets;
   int64_t iterations = 8;
   uint64_t seed = 1;
+  uint64_t bytes = 0;
+  absl::Duration timeout = absl::Seconds(1);
   bool json = false;
   FlagSet set{"codec test"};
   Flags() {
@@ -24,6 +26,8 @@ struct Flags {
     set.StringList("preset", &presets, "P", "preset");
     set.Int("iterations", &iterations, 0, 64, "N", "iterations");
     set.Uint64("seed", &seed, "S", "seed");
+    set.Bytes("bytes", &bytes, "SIZE", "size");
+    set.Duration("timeout", &timeout, "DURATION", "timeout");
     set.Bool("json", &json, "json");
   }
   CodecStatus Parse(std::vector<std::string> args) { return set.Parse(args); }
@@ -95,9 +99,57 @@ TEST(FlagSetTest, RequiredFlagsAreCheckedUnlessHelpIsAsked) {
 TEST(FlagSetTest, UsageListsEveryFlagAligned) {
   Flags f;
   const std::string usage = f.set.Usage();
-  EXPECT_THAT(usage, HasSubstr("  --keys K.npy     keys (required)\n"));
-  EXPECT_THAT(usage, HasSubstr("  --preset P       preset (repeatable)\n"));
-  EXPECT_THAT(usage, HasSubstr("  --json           json\n"));
+  EXPECT_THAT(usage, HasSubstr("  --keys K.npy         keys (required)\n"));
+  EXPECT_THAT(usage, HasSubstr("  --preset P           preset (repeatable)\n"));
+  EXPECT_THAT(usage, HasSubstr("  --json               json\n"));
+  EXPECT_THAT(usage, HasSubstr(std::string("  --bytes SIZE         size (units: ") + kSizeUnits + ", or plain bytes)\n"));
+}
+
+TEST(FlagSetTest, SizesTakeKvarndsUnits) {
+  const auto parsed = [](const std::string& v) {
+    Flags f;
+    const CodecStatus s = f.Parse({"--keys", "k", "--bytes", v});
+    EXPECT_TRUE(s.ok()) << v << ": " << s.message();
+    return f.bytes;
+  };
+  EXPECT_EQ(parsed("1MiB"), 1u << 20);
+  EXPECT_EQ(parsed("512KiB"), 512u << 10);
+  EXPECT_EQ(parsed("2GiB"), 2ull << 30);
+  EXPECT_EQ(parsed("1.5GB"), 1500000000u);
+  EXPECT_EQ(parsed("4096"), 4096u);
+  EXPECT_EQ(parsed("4096B"), 4096u);
+  Flags f;
+  EXPECT_TRUE(f.Parse({"--keys", "k", "--bytes=3KB"}).ok());
+  EXPECT_EQ(f.bytes, 3000u);
+}
+
+TEST(FlagSetTest, ABadSizeNamesTheUnitWhenTheUnitIsWhatIsWrong) {
+  EXPECT_EQ(Flags().Parse({"--keys", "k", "--bytes", "1XB"}).message(),
+            std::string("codec test: --bytes: '1XB' is not a size such as 512MiB or 4096 (unknown unit 'XB'; units: ") +
+                kSizeUnits + ")");
+  EXPECT_THAT(Flags().Parse({"--keys", "k", "--bytes", "12mib"}).message(), HasSubstr("unknown unit 'mib'"));
+  // A known unit after a bad number, or no unit at all: the number is what is wrong.
+  for (const char* bad : {"1.2.3MiB", "0", "-5", "MiB", "0KiB"}) {
+    const CodecStatus s = Flags().Parse({"--keys", "k", "--bytes", bad});
+    EXPECT_EQ(s.code(), CodecCode::kInvalidArgument) << bad;
+    EXPECT_THAT(s.message(), HasSubstr("is not a size")) << bad;
+    EXPECT_THAT(s.message(), ::testing::Not(HasSubstr("unknown unit"))) << bad;
+  }
+}
+
+TEST(FlagSetTest, DurationsNeedAUnitAndArePositive) {
+  Flags f;
+  ASSERT_TRUE(f.Parse({"--keys", "k", "--timeout", "250ms"}).ok());
+  EXPECT_EQ(f.timeout, absl::Milliseconds(250));
+  Flags g;
+  ASSERT_TRUE(g.Parse({"--keys", "k", "--timeout=1.5s"}).ok());
+  EXPECT_EQ(g.timeout, absl::Milliseconds(1500));
+  for (const char* bad : {"5", "0s", "-1s", "inf", "soon"}) {
+    EXPECT_EQ(Flags().Parse({"--keys", "k", "--timeout", bad}).message(),
+              std::string("codec test: --timeout: '") + bad +
+                  "' is not a positive duration with its unit, such as 500ms, 2s or 1m")
+        << bad;
+  }
 }
 
 TEST(ParseIntTest, AcceptsOnlyWholeNumbersInRange) {

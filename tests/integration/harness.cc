@@ -191,8 +191,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
       "--capacity=16MiB",
       "--default_tail_slots=8",
       "--grace_ms=100",
+      "--drain_ms=1000",  // a test stopping a daemon with sessions open waits this long at most
       "--log_level=info",
   };
+  if (!o.config_file.empty()) {
+    args = {"--config=" + o.config_file, "--listen=" + d->socket_path_, "--metrics=127.0.0.1:0",
+            "--instance=" + d->instance_, "--drain_ms=1000"};
+  }
   args.insert(args.end(), o.extra_flags.begin(), o.extra_flags.end());
   Argv argv(KvarndBinary(), args);
   const int log = open(d->log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -268,6 +273,13 @@ absl::StatusOr<int> Daemon::Stop(std::chrono::milliseconds timeout) {
   }
   pid_ = -1;
   return *status;
+}
+
+absl::StatusOr<int> Daemon::AwaitExit(std::chrono::milliseconds timeout) {
+  if (pid_ <= 0) return absl::FailedPreconditionError("kvarnd is not running");
+  auto status = WaitPid(pid_, timeout);
+  if (status.ok()) pid_ = -1;
+  return status;
 }
 
 void Daemon::Kill() {
@@ -406,6 +418,13 @@ uint64_t FieldU64(const std::map<std::string, std::string>& f, const std::string
 }
 
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
+  auto reply = HttpGetReply(port, path);
+  if (!reply.ok()) return reply.status();
+  if (reply->first != 200) return absl::InternalError(absl::StrCat("HTTP status ", reply->first, ": ", reply->second));
+  return reply->second;
+}
+
+absl::StatusOr<std::pair<int, std::string>> HttpGetReply(int port, const std::string& path) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::InternalError("socket");
   sockaddr_in addr{};
@@ -435,10 +454,11 @@ absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
   close(fd);
   const size_t head_end = resp.find("\r\n\r\n");
   if (head_end == std::string::npos) return absl::InternalError(absl::StrCat("malformed HTTP response: ", resp));
-  if (resp.rfind("HTTP/1.", 0) != 0 || resp.substr(9, 3) != "200") {
-    return absl::InternalError(absl::StrCat("HTTP status: ", resp.substr(0, resp.find("\r\n"))));
+  int code = 0;
+  if (resp.rfind("HTTP/1.", 0) != 0 || resp.size() < 12 || !absl::SimpleAtoi(resp.substr(9, 3), &code)) {
+    return absl::InternalError(absl::StrCat("malformed HTTP status line: ", resp.substr(0, resp.find("\r\n"))));
   }
-  return resp.substr(head_end + 4);
+  return std::make_pair(code, resp.substr(head_end + 4));
 }
 
 absl::StatusOr<std::pair<int, std::string>> RunWithInput(const std::string& binary, const std::vector<std::string>& args,
@@ -474,6 +494,54 @@ absl::StatusOr<std::pair<int, std::string>> RunWithInput(const std::string& bina
     return status.status();
   }
   return std::make_pair(*status, ReadFile(out_path));
+}
+
+absl::StatusOr<ProcessOutput> RunProcess(const std::string& binary, const std::vector<std::string>& args,
+                                         const std::vector<std::string>& env, std::chrono::milliseconds timeout) {
+  TempDir dir;
+  const std::string out_path = dir.path() + "/out", err_path = dir.path() + "/err";
+  // The child's environment, built before fork (setenv is not async-signal-safe).
+  std::vector<std::string> envs;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const std::string name = entry.substr(0, entry.find('='));
+    const bool replaced = std::any_of(env.begin(), env.end(), [&](const std::string& change) {
+      return change.substr(0, change.find('=')) == name;
+    });
+    if (!replaced) envs.push_back(entry);
+  }
+  for (const std::string& change : env) {
+    if (change.find('=') != std::string::npos) envs.push_back(change);
+  }
+  std::vector<char*> envp;
+  for (std::string& e : envs) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (in < 0 || out < 0 || err < 0) return absl::InternalError("cannot open the output files");
+  Argv argv(binary, args);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    dup2(in, 0);
+    dup2(out, 1);
+    dup2(err, 2);
+    BecomeUser(std::nullopt, parent);
+    execve(argv.ptrs[0], argv.ptrs.data(), envp.data());
+    _exit(127);
+  }
+  close(in);
+  close(out);
+  close(err);
+  auto status = WaitPid(pid, timeout);
+  if (!status.ok()) {
+    kill(pid, SIGKILL);
+    WaitPid(pid, std::chrono::seconds(5)).IgnoreError();
+    return status.status();
+  }
+  return ProcessOutput{*status, ReadFile(out_path), ReadFile(err_path)};
 }
 
 std::optional<double> MetricValue(const std::string& text, const std::string& name, const std::string& labels) {

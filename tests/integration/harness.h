@@ -83,6 +83,9 @@ struct DaemonOptions {
   std::string socket_path;              // default: <tempdir>/kvarnd.sock
   std::vector<std::string> extra_flags;  // "--key=value", appended after the defaults
   std::optional<RunAs> run_as;          // the daemon's user (its directory is handed to it)
+  // When set: --config=config_file with only the socket, metrics port and instance given as
+  // flags (no test layout), so the file's own settings are what starts.
+  std::string config_file;
 };
 
 // A kvarnd process. Start waits until it logged kvarnd_started (its segments exist, gRPC and
@@ -108,6 +111,8 @@ class Daemon {
   // SIGTERM, then waits up to `timeout` for a clean exit. Returns the exit status (as from
   // waitpid) or DEADLINE_EXCEEDED after killing it with SIGKILL.
   absl::StatusOr<int> Stop(std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  // Waits up to `timeout` for the process to exit by itself (no signal); its exit status.
+  absl::StatusOr<int> AwaitExit(std::chrono::milliseconds timeout);
   // SIGKILL and reap: a crash. Leaves its segments behind, as a real crash does.
   void Kill();
 
@@ -161,11 +166,25 @@ uint64_t FieldU64(const std::map<std::string, std::string>& f, const std::string
 
 // HTTP/1.0 GET of http://127.0.0.1:port/path; returns the body when the status is 200.
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path);
+// The same, any status: (status code, body).
+absl::StatusOr<std::pair<int, std::string>> HttpGetReply(int port, const std::string& path);
 
 // Runs `binary args...` with `input` on its stdin; returns (exit status, stdout + stderr).
 absl::StatusOr<std::pair<int, std::string>> RunWithInput(const std::string& binary,
                                                          const std::vector<std::string>& args,
                                                          const std::string& input);
+
+// A finished process: its waitpid status and what it wrote on each stream.
+struct ProcessOutput {
+  int status = 0;
+  std::string out, err;
+};
+// Runs `binary args...` with stdin from /dev/null, stdout and stderr captured apart, and this
+// process's environment changed by `env`: "NAME=value" sets NAME, "NAME" alone removes it.
+// DEADLINE_EXCEEDED (after SIGKILL) if it runs longer than `timeout`.
+absl::StatusOr<ProcessOutput> RunProcess(const std::string& binary, const std::vector<std::string>& args,
+                                         const std::vector<std::string>& env = {},
+                                         std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
 // Prometheus text format: the value of the sample with exactly this name and label set
 // (labels as written, e.g. `{class="total"}`, or "" for none).

@@ -1,6 +1,10 @@
 // Scenario 7: a live scrape of kvarnd's /metrics after prefix-sharing traffic: promtool
 // accepts it without a lint complaint, and the pool, prefix-cache, seal and RPC series carry
 // the values the traffic implies.
+#include <map>
+#include <string>
+#include <vector>
+
 #include "tests/integration/fixture.h"
 
 namespace kvarn::it {
@@ -49,20 +53,69 @@ TEST_F(MetricsScrapeTest, LiveScrapePassesPromtoolAndReportsTheTraffic) {
     EXPECT_TRUE(v.has_value()) << name << labels << " missing from the scrape:\n" << text;
     return v.value_or(-1);
   };
-  // Pool capacity and bytes agree with Stats.
-  EXPECT_EQ(value("kvarn_pool_capacity_bytes", "{class=\"total\"}"), static_cast<double>(st.capacity_bytes()));
-  EXPECT_EQ(value("kvarn_pool_capacity_bytes", "{class=\"quant\"}"), static_cast<double>(st.quant_capacity_bytes()));
-  EXPECT_EQ(value("kvarn_pool_capacity_bytes", "{class=\"fp16\"}"), static_cast<double>(st.fp16_capacity_bytes()));
-  EXPECT_EQ(value("kvarn_pool_capacity_bytes", "{class=\"total\"}"), 16.0 * 1024 * 1024);
+  // The pool's partition: per class, the states sum exactly to the class's capacity; the
+  // classes sum to the pool, which is the configured 16 MiB less under a block per class; and
+  // every series equals the Stats reply's `pool` row.
   const uint64_t qbytes = a->block_layout().quant_block_bytes(), fbytes = a->block_layout().fp16_block_bytes();
-  EXPECT_EQ(value("kvarn_pool_bytes", "{state=\"active\"}"), static_cast<double>(3 * qbytes + 1 * fbytes));
-  EXPECT_EQ(value("kvarn_pool_bytes", "{state=\"cached\"}"), 0.0);
-  // fp16: the sink block and both sessions' 8 default tail slots (the harness sets 8).
-  EXPECT_EQ(value("kvarn_pool_bytes", "{state=\"fp16\"}"), static_cast<double>((1 + 2 * 8) * fbytes));
-  EXPECT_EQ(value("kvarn_pool_bytes", "{state=\"free\"}"), static_cast<double>(st.free_bytes()));
+  EXPECT_EQ(value("kvarn_pool_configured_bytes"), 16.0 * 1024 * 1024);
+  const std::map<std::string, std::vector<std::string>> states = {
+      {"quant", {"free", "sealing", "active", "cached"}},
+      {"sink", {"free", "sealing", "active", "cached"}},
+      {"tail", {"free", "reserved", "retained"}}};
+  double pool = 0;
+  for (const auto& [cls, names] : states) {
+    const double capacity = value("kvarn_pool_capacity_bytes", "{class=\"" + cls + "\"}");
+    double sum = 0;
+    for (const std::string& state : names) {
+      const std::string labels = "{class=\"" + cls + "\",state=\"" + state + "\"}";
+      sum += value("kvarn_pool_bytes", labels);
+      const double tokens = value("kvarn_pool_tokens", labels);
+      EXPECT_EQ(tokens * static_cast<double>(cls == "quant" ? qbytes : fbytes),
+                value("kvarn_pool_bytes", labels) * kTile) << labels;
+    }
+    EXPECT_EQ(sum, capacity) << cls;
+    EXPECT_EQ(value("kvarn_pool_capacity_tokens", "{class=\"" + cls + "\"}") * static_cast<double>(cls == "quant" ? qbytes : fbytes),
+              capacity * kTile) << cls;
+    pool += capacity;
+  }
+  EXPECT_EQ(pool, static_cast<double>(st.pool_bytes()));
+  EXPECT_LE(pool, 16.0 * 1024 * 1024);
+  EXPECT_GT(pool, 16.0 * 1024 * 1024 - static_cast<double>(qbytes + 2 * fbytes));
+  ASSERT_EQ(st.pool_size(), 11);
+  for (const auto& row : st.pool()) {
+    EXPECT_EQ(value("kvarn_pool_bytes", "{class=\"" + row.pool_class() + "\",state=\"" + row.state() + "\"}"),
+              static_cast<double>(row.bytes())) << row.pool_class() << " " << row.state();
+  }
+  // A's 3 quantized tiles and its sink are referenced; nothing is cached yet; both sessions
+  // reserved 8 tail slots (the harness default).
+  EXPECT_EQ(value("kvarn_pool_bytes", "{class=\"quant\",state=\"active\"}"), static_cast<double>(3 * qbytes));
+  EXPECT_EQ(value("kvarn_pool_bytes", "{class=\"sink\",state=\"active\"}"), static_cast<double>(fbytes));
+  EXPECT_EQ(value("kvarn_pool_bytes", "{class=\"quant\",state=\"cached\"}"), 0.0);
+  EXPECT_EQ(value("kvarn_pool_bytes", "{class=\"tail\",state=\"reserved\"}"), static_cast<double>(2 * 8 * fbytes));
+  EXPECT_EQ(value("kvarn_draining"), 0.0);
   // Prefix cache: B's 256 adopted tokens out of 2 x 266 queried.
   EXPECT_EQ(value("kvarn_prefix_cache_hit_tokens_total"), 256.0);
   EXPECT_EQ(value("kvarn_prefix_cache_queried_tokens_total"), 532.0);
+  // The what-if ghosts: no eviction yet, so every scale saw B's 256 hit tokens, as the
+  // Stats reply does.
+  ASSERT_EQ(st.whatif_size(), 4);
+  for (const char* scale : {"0.5", "1", "2", "4"}) {
+    EXPECT_EQ(value("kvarn_whatif_prefix_hit_tokens_total", absl::StrCat("{capacity_scale=\"", scale, "\"}")), 256.0)
+        << scale;
+  }
+  IT_ASSIGN_OR_FAIL(st2, a->Stats());
+  for (const auto& w : st2.whatif()) EXPECT_EQ(w.hit_tokens(), 256u) << w.capacity_scale();
+  // The sampled error: quantized block 0 (the first allocated) is sampled, once per method;
+  // each error is a fraction, KVarN's no worse than the rotation alone on this tile.
+  std::map<std::string, double> err;
+  for (const char* m : {"kvarn", "hadamard", "kivi"}) {
+    const std::string labels = absl::StrCat("{method=\"", m, "\"}");
+    EXPECT_EQ(value("kvarn_sampled_quantization_error_ratio_count", labels), 1.0) << m;
+    err[m] = value("kvarn_sampled_quantization_error_ratio_sum", labels);
+    EXPECT_GT(err[m], 0.0) << m;
+    EXPECT_LT(err[m], 1.0) << m;
+  }
+  EXPECT_LE(err["kvarn"], err["hadamard"]);
   // Seals: A's sink and 3 quantized tiles; B sealed nothing (its tail is partial).
   EXPECT_EQ(value("kvarn_seals_total", "{kind=\"quant\"}"), 3.0);
   EXPECT_EQ(value("kvarn_seals_total", "{kind=\"sink\"}"), 1.0);
@@ -84,7 +137,8 @@ TEST_F(MetricsScrapeTest, LiveScrapePassesPromtoolAndReportsTheTraffic) {
   EXPECT_EQ(value("kvarn_seal_duration_seconds_count", "{kind=\"sink\"}"), 1.0);
   Report(absl::StrCat("metrics scrape: ", text.size(), " bytes, promtool clean; hit tokens ",
                       value("kvarn_prefix_cache_hit_tokens_total"), ", AppendInline mean latency ",
-                      sum / 2.0 * 1e3, " ms"));
+                      sum / 2.0 * 1e3, " ms; sampled relative L2 kvarn ", err["kvarn"], " hadamard ",
+                      err["hadamard"], " kivi ", err["kivi"]));
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // its memory goes) within its own shutdown deadline, not only the kvarnd_stopped log line.
 #include <signal.h>
 
+#include <thread>
+
 #include "tests/integration/fixture.h"
 
 namespace kvarn::it {
@@ -96,6 +98,85 @@ TEST_F(ShutdownTest, ExitsPromptlyOnSigtermWithALiveSession) {
     ms.push_back(TimedStop(d));
   }
   Report(absl::StrCat("SIGTERM to exit with a live session: ", ms[0], " ms"));
+}
+
+// Waits (deadline) until the metrics endpoint's `path` answers `code`.
+bool AwaitHttp(const Daemon& d, const std::string& path, int code, std::string* body) {
+  const double until = NowMs() + 5000;
+  for (;;) {
+    auto r = HttpGetReply(d.metrics_port(), path);
+    if (r.ok() && r->first == code) {
+      *body = r->second;
+      return true;
+    }
+    if (NowMs() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+// Drain (SIGTERM): readiness false at once, no new sessions, and an open session keeps
+// working (new sequences, appends that seal tiles) until it closes; then kvarnd exits at once,
+// long before its 20 s drain budget.
+TEST_F(ShutdownTest, DrainServesOpenSessionsUntilTheyClose) {
+  Daemon* d = StartDaemon({"--drain_ms=20000", "--log_level=debug"});
+  ASSERT_NE(d, nullptr);
+  auto client = Connect(*d);
+  ASSERT_NE(client, nullptr);
+  IT_ASSIGN_OR_FAIL(s, Open(*client, "team-d", 2));
+  const std::vector<uint32_t> p = Tokens(1, kTile + 20);
+  IT_ASSIGN_OR_FAIL(q, s->CreateSequence(p));
+  IT_ASSERT_OK(AppendTokens(*s, q.id, p, 0, p.size()).status());
+  std::string body;
+  ASSERT_TRUE(AwaitHttp(*d, "/readyz", 200, &body));
+  EXPECT_EQ(body, "ready\n");
+
+  ASSERT_EQ(kill(d->pid(), SIGTERM), 0);
+  const double t0 = NowMs();
+  ASSERT_TRUE(AwaitHttp(*d, "/readyz", 503, &body)) << d->Log();
+  EXPECT_EQ(body, "draining\n");
+  const double unready_ms = NowMs() - t0;
+  ASSERT_TRUE(AwaitHttp(*d, "/healthz", 200, &body));
+  EXPECT_EQ(body, "ok draining\n") << "liveness holds while draining";
+  IT_ASSIGN_OR_FAIL(metrics, HttpGet(d->metrics_port(), "/metrics"));
+  EXPECT_EQ(MetricValue(metrics, "kvarn_draining"), 1.0);
+
+  // A new session is refused; the open one is served: a second sequence, appends that seal.
+  auto refused = Open(*client, "team-d", 2);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("draining"));
+  const std::vector<uint32_t> p2 = Tokens(5000, 2 * kTile + 3);
+  IT_ASSIGN_OR_FAIL(q2, s->CreateSequence(p2));
+  IT_ASSERT_OK(AppendTokens(*s, q2.id, p2, 0, p2.size()).status());
+  IT_ASSERT_OK(AppendTokens(*s, q.id, Tokens(9000, 8), 0, 8).status());
+  IT_ASSIGN_OR_FAIL(st, s->Stats());
+  EXPECT_TRUE(st.draining());
+  EXPECT_TRUE(d->Running()) << "kvarnd left while a session was open";
+
+  s.reset();  // closes the session: the drain has nothing left to wait for
+  const double closed = NowMs();
+  auto status = d->AwaitExit(kExitDeadline);
+  ASSERT_TRUE(status.ok()) << status.status() << d->Log();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << d->Log();
+  EXPECT_THAT(d->Log(), ::testing::HasSubstr("reason=sessions_closed"));
+  Report(absl::StrCat("drain: unready ", unready_ms, " ms after SIGTERM; exit ", NowMs() - closed,
+                      " ms after the last session closed (drain budget 20000 ms)"));
+}
+
+// A second SIGTERM ends a drain that an open session would hold for its whole budget.
+TEST_F(ShutdownTest, ASecondSigtermCutsTheDrainShort) {
+  Daemon* d = StartDaemon({"--drain_ms=60000"});
+  ASSERT_NE(d, nullptr);
+  auto client = Connect(*d);
+  ASSERT_NE(client, nullptr);
+  IT_ASSIGN_OR_FAIL(s, Open(*client, "team-d", 2));
+  ASSERT_EQ(kill(d->pid(), SIGTERM), 0);
+  std::string body;
+  ASSERT_TRUE(AwaitHttp(*d, "/readyz", 503, &body)) << d->Log();
+  auto status = d->Stop(kExitDeadline);  // the second SIGTERM
+  ASSERT_TRUE(status.ok()) << status.status() << d->Log();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << d->Log();
+  EXPECT_THAT(d->Log(), ::testing::HasSubstr("reason=second_signal"));
 }
 
 }  // namespace

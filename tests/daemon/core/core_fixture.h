@@ -54,7 +54,7 @@ class CoreTest : public ::testing::Test {
   // Sizes the pool to exactly `quant_blocks` quantized blocks, `sink_blocks` sink blocks (none
   // when the model keeps no sink) and `tail_slots` tail slots.
   void MakeCore(uint32_t quant_blocks, uint32_t sink_blocks, ModelConfig model = SmallModel(),
-                CoreConfig config = CoreConfig(), uint32_t tail_slots = 16) {
+                CoreConfig config = CoreConfig(), uint32_t tail_slots = 16, CoreObserver* observer = nullptr) {
     Preset p;
     ASSERT_TRUE(ParsePreset(model.preset, &p).ok());
     const uint64_t slots = uint64_t{model.num_layers} * model.num_kv_heads;
@@ -67,7 +67,7 @@ class CoreTest : public ::testing::Test {
     config.fp16_share = (static_cast<double>(fp16_blocks * fbytes_) + 0.5) / config.capacity_bytes;
     config.sink_share = (sink_blocks + 0.5) / static_cast<double>(fp16_blocks);
     config.default_tail_slots = 2;
-    auto core = KvCore::Create(config, &backend_, &clock_, nullptr, nullptr, /*epoch=*/77);
+    auto core = KvCore::Create(config, &backend_, &clock_, nullptr, observer, /*epoch=*/77);
     ASSERT_TRUE(core.ok()) << core.status();
     core_ = std::move(*core);
     model_ = model;

@@ -399,14 +399,32 @@ TEST_F(CoreTest, TailSlotsHaveABudgetOfTheirOwn) {
   EXPECT_LE(st->UsedBytes(), st->capacity_bytes);
 }
 
-TEST_F(CoreTest, DrainingRefusesNewWork) {
+// Draining refuses new sessions only: an open session keeps creating, appending, forking and
+// releasing until it closes, and the stats say the daemon drains.
+TEST_F(CoreTest, DrainingRefusesNewSessionsAndServesOpenOnes) {
   MakeCore(8, 8);
   SessionRef s = Open("a");
   auto a = core_->CreateSequence(s, std::vector<uint32_t>{});
+  ASSERT_TRUE(a.ok());
   core_->BeginDrain();
-  EXPECT_EQ(core_->CreateSequence(s, std::vector<uint32_t>{}).status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(core_->Append(s, a->sequence, std::vector<uint32_t>{1}).status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_TRUE(core_->Release(s, std::vector<SequenceId>{a->sequence}).ok());
+  OpenParams p;
+  p.tenant = "b";
+  p.layout = model_;
+  auto refused = core_->OpenSession(p);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(refused.status().message(), HasSubstr("draining"));
+  auto b = core_->CreateSequence(s, std::vector<uint32_t>{});
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(core_->Append(s, a->sequence, std::vector<uint32_t>{1}).ok());
+  EXPECT_TRUE(core_->Release(s, std::vector<SequenceId>{b->sequence}).ok());
+  auto forked = core_->Fork(s, a->sequence);  // the session has 2 tail slots
+  ASSERT_TRUE(forked.ok()) << forked.status();
+  auto st = core_->Stats(std::nullopt);
+  EXPECT_TRUE(st->draining);
+  EXPECT_EQ(st->client_sessions, 1u);
+  EXPECT_TRUE(core_->Release(s, std::vector<SequenceId>{a->sequence, forked->sequence}).ok());
+  EXPECT_TRUE(core_->CloseSession(s).ok());
+  EXPECT_EQ(core_->Stats(std::nullopt)->client_sessions, 0u);
 }
 
 }  // namespace

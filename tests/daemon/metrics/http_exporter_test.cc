@@ -266,10 +266,39 @@ TEST_F(MetricsHttpExporterTest, HeadSendsHeadersOnlyAndHealthzSaysOk) {
   EXPECT_EQ(head->body, "");
   EXPECT_EQ(head->Header("Content-Length"), absl::StrCat(registry_.Serialize().size()));
 
+  exporter->SetServing(HttpExporter::Serving::kServing);
   absl::StatusOr<HttpReply> health = Exchange(exporter->port(), "GET /healthz HTTP/1.0\r\n\r\n");
   ASSERT_TRUE(health.ok()) << health.status();
   EXPECT_EQ(health->status, 200);
-  EXPECT_EQ(health->body, "ok\n");
+  EXPECT_EQ(health->body, "ok serving\n");
+}
+
+// Liveness holds while serving and while draining; readiness only while serving.
+TEST_F(MetricsHttpExporterTest, HealthzAndReadyzFollowTheServingState) {
+  std::unique_ptr<HttpExporter> exporter = StartExporter();
+  ASSERT_NE(exporter, nullptr);
+  const struct {
+    HttpExporter::Serving state;
+    int healthz;
+    const char* healthz_body;
+    int readyz;
+    const char* readyz_body;
+  } cases[] = {
+      {HttpExporter::Serving::kStarting, 503, "starting\n", 503, "starting\n"},
+      {HttpExporter::Serving::kServing, 200, "ok serving\n", 200, "ready\n"},
+      {HttpExporter::Serving::kDraining, 200, "ok draining\n", 503, "draining\n"},
+      {HttpExporter::Serving::kStopped, 503, "stopped\n", 503, "stopped\n"},
+  };
+  for (const auto& c : cases) {
+    exporter->SetServing(c.state);
+    absl::StatusOr<HttpReply> live = Exchange(exporter->port(), "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    absl::StatusOr<HttpReply> ready = Exchange(exporter->port(), "GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n");
+    ASSERT_TRUE(live.ok() && ready.ok());
+    EXPECT_EQ(live->status, c.healthz) << c.healthz_body;
+    EXPECT_EQ(live->body, c.healthz_body);
+    EXPECT_EQ(ready->status, c.readyz) << c.readyz_body;
+    EXPECT_EQ(ready->body, c.readyz_body);
+  }
 }
 
 TEST_F(MetricsHttpExporterTest, UnknownPathsAre404) {

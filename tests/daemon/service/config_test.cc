@@ -96,10 +96,47 @@ TEST(ConfigTest, EveryNewKeyParsesFromConfigText) {
   EXPECT_EQ(c.watch_poll, absl::Milliseconds(60000));
 }
 
+// The grammar: `#` at a line's start or after whitespace begins a comment; inside a value
+// (no whitespace before it) it is part of the value.
+TEST(ConfigTest, InlineCommentsEndTheValueAndHashesInsideAValueStay) {
+  DaemonConfig c;
+  const absl::Status s = ApplyConfigText(
+      "preset = kvarn_k4v2_g128     # 4-bit keys\n"
+      "capacity = 1GiB\t# tab before the comment\n"
+      "admin_token = abc#def # the token keeps its hash\n"
+      "#listen = /not/this\n"
+      "   # indented comment\n"
+      "tcp =   # empty value, then a comment\n",
+      &c);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(c.core.model.preset, "kvarn_k4v2_g128");
+  EXPECT_EQ(c.core.capacity_bytes, 1ull << 30);
+  EXPECT_EQ(c.core.admin_token, "abc#def");
+  EXPECT_EQ(c.listen, DaemonConfig().listen);
+  EXPECT_EQ(c.tcp, "");
+}
+
+TEST(ConfigTest, AKeySetTwiceInAFileNamesBothLines) {
+  DaemonConfig c;
+  const absl::Status s = ApplyConfigText("capacity = 1GiB\n\ncapacity = 2GiB\n", &c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("line 3: capacity is already set on line 1"));
+}
+
+TEST(ConfigTest, ALineWithoutEqualsIsQuoted) {
+  DaemonConfig c;
+  const absl::Status s = ApplyConfigText("capacity 1GiB # oops\n", &c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("line 1: expected key = value, got 'capacity 1GiB'"));
+}
+
 TEST(ConfigTest, DefaultsMatchTheDocumentedOnes) {
   auto c = Parse({});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->socket_mode, 0600u);
+  EXPECT_EQ(c->listen, "/run/kvarnd/kvarnd.sock");
+  EXPECT_EQ(c->drain, absl::Seconds(20));
+  EXPECT_FALSE(c->check_config);
   EXPECT_FALSE(c->allow_insecure_tcp);
   EXPECT_TRUE(c->tenants_file.empty());
   EXPECT_EQ(c->max_batch_items, 4096u);
@@ -268,9 +305,20 @@ TEST_F(TenantsFileTest, AFileReadableByOthersIsRefusedWithChmodAdvice) {
   EXPECT_THAT(std::string(t.status().message()), HasSubstr("0644"));
 }
 
-TEST_F(TenantsFileTest, AFileReadableByTheGroupIsRefused) {
+// kvarnd's own group may read it (a Kubernetes Secret volume with fsGroup gives 0440 with the
+// pod's group); it may not write it, and a group kvarnd is not in may not read it.
+TEST_F(TenantsFileTest, OnlyKvarndsOwnGroupMayReadIt) {
   const std::string path = Write(TenantLine("team-a", "token-a"), 0640);
+  EXPECT_TRUE(LoadTenantsFile(path).ok()) << LoadTenantsFile(path).status();
+  ASSERT_EQ(chmod(path.c_str(), 0660), 0);
   EXPECT_EQ(LoadTenantsFile(path).status().code(), absl::StatusCode::kFailedPrecondition);
+  if (geteuid() == 0) {
+    ASSERT_EQ(chmod(path.c_str(), 0640), 0);
+    ASSERT_EQ(chown(path.c_str(), 0, 65534), 0);  // nogroup: not one of this process's groups
+    auto t = LoadTenantsFile(path);
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(t.status().message()), HasSubstr("group 65534"));
+  }
 }
 
 TEST_F(TenantsFileTest, AnOwnerOnlyFileParses) {
