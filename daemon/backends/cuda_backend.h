@@ -44,6 +44,7 @@ class CudaBackend final : public MemoryBackend {
   uint64_t RetainedBytes() const override;
   void Sweep() override;
   const char* name() const override { return "cuda"; }
+  bool NeedsImporterPid() const override { return true; }
   bool host_accessible() const override { return false; }
 
   // Builds CudaSealers on this device, each with up to `lanes` streams.

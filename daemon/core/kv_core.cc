@@ -418,7 +418,15 @@ absl::StatusOr<std::vector<LentSegment>> KvCore::LendMemory(const SessionRef& re
   auto found = sessions_.Find(ref);
   if (!found.ok()) return found.status();
   SessionState& s = **found;
-  if (s.peer_pid != 0 && s.peer_pid != pid) {
+  const bool foreign = pid <= 0;
+  if (foreign && backend_->NeedsImporterPid()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "the peer is in another PID namespace (SO_PEERCRED gives no pid) and the ", backend_->name(),
+        " backend must know the process it lends memory to: run the worker in kvarnd's PID namespace "
+        "(a sidecar with shareProcessNamespace: true)"));
+  }
+  const int peer = foreign ? SessionState::kForeignPeer : pid;
+  if (s.peer_pid != 0 && s.peer_pid != peer) {
     return absl::PermissionDeniedError(absl::StrCat("session ", s.id, " is bound to another process"));
   }
   std::vector<LentSegment> out;
@@ -440,9 +448,9 @@ absl::StatusOr<std::vector<LentSegment>> KvCore::LendMemory(const SessionRef& re
   }
   if (s.tail_region) {
     if (absl::Status st = lend(s.tail_region.get(), RegionKind::kTail, true); !st.ok()) return st;
-    s.tail_region->LendTo(pid, identity);
+    if (!foreign) s.tail_region->LendTo(pid, identity);
   }
-  s.peer_pid = pid;
+  s.peer_pid = peer;
   return out;
 }
 

@@ -113,6 +113,8 @@ class KvCore {
   // The session's memory for its client process (pid verified by the kernel; identity its
   // start time): the quantized and sink segments read-only, the session's tail writable. The
   // first call binds the session to `pid`; a call from another process is PERMISSION_DENIED.
+  // pid <= 0 is a peer in another PID namespace: served by backends that need no importer
+  // pid (host), bound as one "foreign" peer; PERMISSION_DENIED naming the fix otherwise.
   absl::StatusOr<std::vector<LentSegment>> LendMemory(const SessionRef& ref, int pid, uint64_t identity = 0);
 
   // Sequences.

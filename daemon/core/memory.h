@@ -57,6 +57,11 @@ class MemoryBackend {
   virtual void Sweep() {}
   // "host", "cuda" or "heap".
   virtual const char* name() const = 0;
+  // Whether lending memory needs the importer's pid (retention: LendTo). A peer in another
+  // PID namespace (SO_PEERCRED pid 0: a worker pod next to a DaemonSet's kvarnd) can be lent
+  // memory only by a backend that needs none: the host backend's segments are freed by the
+  // kernel when the last mapping goes, whoever holds it.
+  virtual bool NeedsImporterPid() const { return false; }
   // Whether data() pointers may be dereferenced by the CPU.
   virtual bool host_accessible() const = 0;
 };

@@ -50,7 +50,10 @@ struct SessionState {
   bool closing = false;  // ended; waiting for in-flight calls on its sequences
   absl::Time renewed;
   absl::Time disconnected_at;
-  int peer_pid = 0;      // the process its memory was lent to (descriptor channel), 0 before
+  // The process its memory was lent to (descriptor channel): 0 before, kForeignPeer for a
+  // process in another PID namespace (its pid unknown).
+  int peer_pid = 0;
+  static constexpr int kForeignPeer = -1;
   uint32_t watchers = 0;
 };
 

@@ -145,13 +145,15 @@ void DescriptorServer::Answer(int fd) {
     return;
   }
   absl::StatusOr<PeerCredentials> peer = PeerOf(fd);
-  if (!peer.ok() || peer->pid <= 0) {
+  if (!peer.ok()) {
     refused_.fetch_add(1);
-    Reply(fd, absl::PermissionDeniedError("the peer's process is unknown (SO_PEERCRED)"));
+    Reply(fd, absl::PermissionDeniedError("the peer's credentials are unknown (SO_PEERCRED)"));
     return;
   }
+  // pid 0: the peer is in a PID namespace kvarnd cannot see into (a worker in another pod);
+  // the core decides whether its backend can lend memory to such a peer.
   // The process's start time tells a recycled pid apart; read here, outside the core's lock.
-  const uint64_t identity = ProcessProbe::System()->Identity(peer->pid).value_or(0);
+  const uint64_t identity = peer->pid > 0 ? ProcessProbe::System()->Identity(peer->pid).value_or(0) : 0;
   auto lent = core_->LendMemory(FromProto(req.session()), peer->pid, identity);
   if (!lent.ok()) {
     refused_.fetch_add(1);

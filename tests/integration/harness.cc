@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -204,6 +205,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
   if (log < 0) return absl::InternalError(absl::StrCat("cannot create ", d->log_path_));
   const int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
   const std::optional<RunAs> run_as = o.run_as;
+  const bool own_pid_namespace = o.own_pid_namespace;
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
@@ -212,6 +214,21 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
     dup2(log, 1);
     dup2(log, 2);
     BecomeUser(run_as, parent);
+    if (own_pid_namespace) {
+      if (unshare(CLONE_NEWPID) != 0) _exit(124);
+      const pid_t inner = fork();
+      if (inner < 0) _exit(123);
+      if (inner == 0) {
+        // Its parent is outside the namespace (getppid() is 0 here), so a parent that died
+        // before this line goes unnoticed; it waits for this process, so only SIGKILL does that.
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) _exit(125);
+        execv(argv.ptrs[0], argv.ptrs.data());
+        _exit(127);
+      }
+      int st = 0;
+      if (waitpid(inner, &st, 0) != inner) _exit(122);
+      _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+    }
     execv(argv.ptrs[0], argv.ptrs.data());
     _exit(127);
   }
@@ -228,7 +245,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
       d->metrics_port_ = static_cast<int>(FieldU64(f, "metrics_port"));
       d->tcp_port_ = static_cast<int>(FieldU64(f, "tcp_port"));
       d->epoch_ = FieldU64(f, "epoch");
-      if (FieldU64(f, "pid") != static_cast<uint64_t>(pid)) {
+      if (FieldU64(f, "pid") != static_cast<uint64_t>(own_pid_namespace ? 1 : pid)) {
         return absl::InternalError(absl::StrCat("kvarnd_started names pid ", f.count("pid") ? f.at("pid") : "?"));
       }
       break;

@@ -86,6 +86,11 @@ struct DaemonOptions {
   // When set: --config=config_file with only the socket, metrics port and instance given as
   // flags (no test layout), so the file's own settings are what starts.
   std::string config_file;
+  // Runs kvarnd as the first process of a new PID namespace (needs root): this test process
+  // and its clients are then outside it, as a worker pod is for a DaemonSet's kvarnd, and
+  // SO_PEERCRED gives kvarnd pid 0 for them. pid() is the namespace's parent process; killing
+  // it kills kvarnd (PR_SET_PDEATHSIG), so use Kill/the destructor, not Stop, to end it.
+  bool own_pid_namespace = false;
 };
 
 // A kvarnd process. Start waits until it logged kvarnd_started (its segments exist, gRPC and

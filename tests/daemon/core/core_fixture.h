@@ -42,7 +42,9 @@ class RecordingBackend final : public MemoryBackend {
   }
   const char* name() const override { return "heap"; }
   bool host_accessible() const override { return true; }
+  bool NeedsImporterPid() const override { return needs_importer_pid; }
   std::vector<uint8_t*> tails;  // read by single-threaded tests only
+  bool needs_importer_pid = false;  // as the CUDA backend (retention by pid)
 
  private:
   Mutex mu_;

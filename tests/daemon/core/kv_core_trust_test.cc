@@ -299,6 +299,25 @@ TEST_F(CoreTest, MemoryIsLentToOneProcessOnly) {
   EXPECT_TRUE((*first)[2].writable);
   EXPECT_TRUE(core_->LendMemory(s, 4242).ok()) << "the same process may ask again";
   EXPECT_EQ(core_->LendMemory(s, 4243).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(core_->LendMemory(s, 0).status().code(), absl::StatusCode::kPermissionDenied)
+      << "bound to a visible process: a foreign peer is another process";
+}
+
+// A peer in another PID namespace (pid 0): lent to by a backend that needs no importer pid,
+// bound as the one foreign peer; refused, naming the fix, by one that does (CUDA).
+TEST_F(CoreTest, APeerWithoutAPidIsLentToOnlyByBackendsThatNeedNone) {
+  MakeCore(8, 8);
+  SessionRef s = Open("a");
+  ASSERT_TRUE(core_->LendMemory(s, 0).ok());
+  EXPECT_TRUE(core_->LendMemory(s, 0).ok());
+  EXPECT_EQ(core_->LendMemory(s, 4242).status().code(), absl::StatusCode::kPermissionDenied);
+  backend_.needs_importer_pid = true;
+  SessionRef t = Open("b");
+  auto refused = core_->LendMemory(t, 0);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(refused.status().message(), HasSubstr("another PID namespace"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("shareProcessNamespace"));
+  EXPECT_TRUE(core_->LendMemory(t, 4242).ok()) << "refused without binding the session";
 }
 
 }  // namespace
