@@ -116,7 +116,7 @@ int RunEvict(std::span<const std::string> args, const CommandIo& io) {
     } else {
       j.Key("tenant").Null();
     }
-    j.RawMembers(ProtoJson(*r)).EndObject();
+    j.Field("blocks", static_cast<uint64_t>(r->blocks())).Field("bytes", static_cast<uint64_t>(r->bytes())).EndObject();
     io.out << j.str() << "\n";
     return kExitOk;
   }

@@ -276,7 +276,7 @@ TEST_F(KvarnctlTest, SequencesEvictAndWatch) {
   EXPECT_EQ(ev["scope"].AsString(), "all");
   EXPECT_EQ(ev["requested_bytes"].kind(), Json::Kind::kNull);
   EXPECT_EQ(ev["blocks"].AsNumber(), cached);
-  EXPECT_EQ(U64(ev["bytes"]), CachedBytes(st));
+  EXPECT_EQ(static_cast<uint64_t>(ev["bytes"].AsNumber()), CachedBytes(st));
 }
 
 TEST_F(KvarnctlTest, EvictBytesTakesUnitsLikeKvarnd) {
@@ -311,7 +311,7 @@ TEST_F(KvarnctlTest, EvictBytesTakesUnitsLikeKvarnd) {
   const Json ev = StrictJsonValue(r.out);
   EXPECT_EQ(ev["scope"].AsString(), "bytes");
   EXPECT_EQ(ev["requested_bytes"].AsNumber(), 1 << 20);
-  const uint64_t evicted = U64(ev["bytes"]);
+  const uint64_t evicted = static_cast<uint64_t>(ev["bytes"].AsNumber());
   EXPECT_GE(evicted, 1u << 20);
   EXPECT_LT(evicted, (1u << 20) + largest_block);
   IT_ASSIGN_OR_FAIL(after, s->Stats());
