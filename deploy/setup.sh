@@ -15,6 +15,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   # promtool validates the metrics exposition in the tests
   prometheus
+  nodejs $(command -v npm >/dev/null || echo npm)  # tests/deploy/k8s; an npm already there (NodeSource's nodejs has one) conflicts with Debian's
+  pybind11-dev python3-dev python3-numpy python3-pytest  # the Python package (python/) and its tests
 )
 
 missing=()
