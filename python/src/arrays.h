@@ -1,0 +1,77 @@
+// Arrays in and out of the bindings: numpy arrays and torch CPU tensors in, numpy arrays
+// (or torch tensors, when the input was one) out.
+//
+// Zero-copy rule: an input that is already C-contiguous, in native byte order and of a dtype
+// the C++ call takes (float32; float16 where the call takes fp16 bits; uint32 token ids) is
+// passed to C++ by pointer, no copy. Anything else that converts losslessly enough (another
+// float dtype, a strided view, a list, a bfloat16 tensor) is converted first (one copy); what
+// cannot (integer K/V, float token ids, a tensor on a GPU) is a TypeError.
+//
+// REQUIRES (every function here): the calling thread holds the GIL. The pointers stay valid
+// while the returned object is alive; the caller keeps it across the GIL-free C++ call.
+#ifndef KVARN_PYTHON_SRC_ARRAYS_H_
+#define KVARN_PYTHON_SRC_ARRAYS_H_
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/codec.h"
+
+namespace kvarn::py {
+
+namespace pyb = pybind11;
+
+// obj as a numpy array: a numpy array as it is; a torch tensor through .detach().numpy()
+// (zero-copy; bfloat16 is widened to float32 first, numpy has no bfloat16); anything else
+// through numpy.asarray. *from_torch (optional) says whether obj was a torch tensor.
+// TypeError for a tensor that is not on the CPU.
+pyb::array AsNumpy(pyb::handle obj, const std::string& what, bool* from_torch = nullptr);
+
+struct FloatInput {
+  pyb::array array;  // C-contiguous, native order, float32 or float16
+  DType dtype = DType::kF32;
+  bool zero_copy = false;  // array is the caller's memory
+  bool from_torch = false;
+  const void* data() const { return array.data(); }
+};
+
+// Float K/V or queries. allow_f16: float16 stays float16 (calls that take fp16 bits);
+// otherwise every float dtype becomes float32. TypeError for non-float dtypes.
+FloatInput AsFloat(pyb::handle obj, const std::string& what, bool allow_f16);
+
+// Converts both to float32 unless their dtypes already agree (the C++ calls take one dtype
+// for keys and values).
+void MatchDtypes(FloatInput* keys, FloatInput* values, const std::string& what_keys,
+                 const std::string& what_values);
+
+// "(3, 2, 2, 64)".
+std::string ShapeString(const pyb::array& a);
+std::string ShapeString(const std::vector<pyb::ssize_t>& shape);
+bool HasShape(const pyb::array& a, const std::vector<pyb::ssize_t>& shape);
+bool CContiguous(const pyb::array& a);
+
+struct TokenIds {
+  pyb::array array;  // C-contiguous uint32, 1-D
+  bool zero_copy = false;
+  std::span<const uint32_t> ids() const {
+    return {static_cast<const uint32_t*>(array.data()), static_cast<size_t>(array.size())};
+  }
+};
+// Token ids: a sequence of ints, a 1-D integer numpy array or torch tensor, each id in
+// [0, 2^32). ValueError out of range or not 1-D, TypeError for non-integers.
+TokenIds AsTokenIds(pyb::handle obj, const std::string& what);
+
+// A new C-contiguous float32 array.
+pyb::array_t<float> NewF32(const std::vector<pyb::ssize_t>& shape);
+
+// a as a torch tensor (torch.from_numpy, sharing memory) when torch is set, else a.
+pyb::object AsOutput(pyb::array a, bool torch);
+
+}  // namespace kvarn::py
+
+#endif  // KVARN_PYTHON_SRC_ARRAYS_H_

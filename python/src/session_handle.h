@@ -1,0 +1,106 @@
+// What the Session bindings share (client_bindings.cc, session_reads.cc): the Python-side
+// handle of a kvarn::Session, the GIL-free call helper and argument checks.
+//
+// REQUIRES (all but the destructor's GIL-free part): the calling thread holds the GIL.
+#ifndef KVARN_PYTHON_SRC_SESSION_HANDLE_H_
+#define KVARN_PYTHON_SRC_SESSION_HANDLE_H_
+
+#include <pybind11/pybind11.h>
+
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/lib/client.h"
+#include "python/src/status.h"
+
+namespace kvarn::py {
+
+using Release = pybind11::gil_scoped_release;
+
+inline bool Finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+
+// kvarn.Session's object: the C++ Session behind a shared_ptr, so that each call holds it for
+// its duration (close() from another thread then waits for the call instead of unmapping the
+// pool under it) and whose deleter keeps the Client alive (the C++ Session holds a raw
+// Client*).
+class PySession {
+ public:
+  explicit PySession(std::shared_ptr<Session> s) : session_(std::move(s)) {}
+  ~PySession() {
+    if (session_ == nullptr) return;
+    // Closing sends CloseSession and joins the keep-alive thread: not with the GIL held,
+    // unless the interpreter is shutting down (then nothing else runs Python anyway).
+    if (Py_IsInitialized() && !Finalizing()) {
+      Release nogil;
+      session_.reset();
+    } else {
+      session_.reset();
+    }
+  }
+  PySession(const PySession&) = delete;
+  PySession& operator=(const PySession&) = delete;
+
+  // The session for one call. kvarn.NotFoundError once closed: the daemon answers an ended
+  // session so too.
+  std::shared_ptr<Session> Get() const {
+    if (session_ == nullptr) ThrowStatus(absl::NotFoundError("this session is closed"));
+    return session_;
+  }
+  bool closed() const { return session_ == nullptr; }
+  // The last holder closes the C++ Session: this call, or a call in flight on another thread
+  // when it returns.
+  void Close() {
+    std::shared_ptr<Session> s = std::move(session_);
+    Release nogil;
+    s.reset();
+  }
+
+ private:
+  std::shared_ptr<Session> session_;
+};
+
+// Runs f() without the GIL and raises its error.
+template <typename F>
+auto Blocking(F f) {
+  using R = decltype(f());
+  R r = [&] {
+    Release nogil;
+    return f();
+  }();
+  if constexpr (std::is_same_v<R, absl::Status>) {
+    Check(r);
+  } else {
+    return Value(std::move(r));
+  }
+}
+
+inline uint64_t TileTokens(const Session& s) {
+  return static_cast<uint64_t>(s.block_layout().tile_tokens);
+}
+
+// ValueError for a layer or kv-head outside the layout, before anything is called.
+inline void CheckLayer(const Session& s, int layer) {
+  if (layer < 0 || layer >= s.block_layout().num_layers) {
+    ThrowValue(absl::StrCat("layer ", layer, " is out of range: the layout has ",
+                            s.block_layout().num_layers, " layers"));
+  }
+}
+
+inline void CheckHead(const Session& s, int head) {
+  if (head < 0 || head >= s.block_layout().num_kv_heads) {
+    ThrowValue(absl::StrCat("head ", head, " is out of range: the layout has ",
+                            s.block_layout().num_kv_heads, " kv-heads"));
+  }
+}
+
+}  // namespace kvarn::py
+
+#endif  // KVARN_PYTHON_SRC_SESSION_HANDLE_H_
