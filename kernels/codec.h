@@ -94,9 +94,12 @@ class Codec {
   // Decode attention of num_queries query heads that share this kv-head (grouped-query
   // attention: each tile is read once for the whole group). queries and out are
   // [num_queries][D] fp32 in the original frame; softmax_scale 0 means 1/sqrt(D).
+  // lse, when not null, receives [num_queries] natural-log sums of exp(scaled scores) over the
+  // sequence: with it, attention over this sequence merges exactly with attention over more
+  // tokens computed elsewhere (a decode step's own token, another split of the sequence).
   CodecStatus AttendDecode(const Preset& preset, int head_dim, const float* queries,
                            int num_queries, const SequenceView& seq, float* out,
-                           float softmax_scale = 0.0f) const;
+                           float softmax_scale = 0.0f, float* lse = nullptr) const;
 
   // Rotates n tokens of original-frame K/V, laid out [n][num_layers][num_kv_heads][head_dim]
   // (f32 or fp16 bits), into the storage frame and writes them as fp16 into an fp16 slot

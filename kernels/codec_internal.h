@@ -18,7 +18,7 @@ struct Codec::Kernels {
   CodecStatus (*decode)(const Preset& preset, int head_dim, const uint8_t* record,
                         const TileOut& out);
   CodecStatus (*attend)(const Preset& preset, int head_dim, const float* queries, int num_queries,
-                        const SequenceView& seq, float* out, float softmax_scale);
+                        const SequenceView& seq, float* out, float softmax_scale, float* lse);
   // Validates the values (NaN, Inf, fp16 range, overflow once rotated) and writes nothing
   // when they fail; shapes are checked by the front.
   CodecStatus (*store)(const Preset& preset, const BlockLayout& layout, uint8_t* slot, int first,

@@ -258,7 +258,7 @@ void AttendTile(const Preset& preset, const float* q, int d, const uint8_t* reco
 }
 
 CodecStatus Attend(const Preset& preset, int d, const float* queries, int num_queries,
-                   const SequenceView& seq, float* out, float scale) {
+                   const SequenceView& seq, float* out, float scale, float* lse) {
   const int g = preset.tile_tokens;
   const size_t tile_elems = static_cast<size_t>(g) * d;
   std::vector<float> q(d);
@@ -279,6 +279,7 @@ CodecStatus Attend(const Preset& preset, int d, const float* queries, int num_qu
     if (seq.tail.tokens > 0) AttendFp16(q.data(), d, seq.tail.keys, seq.tail.values, seq.tail.tokens, scale, &sm);
     float* o = out + static_cast<size_t>(h) * d;
     for (int c = 0; c < d; ++c) o[c] = sm.acc[c] / sm.sum;
+    if (lse != nullptr) lse[h] = sm.max + std::log(sm.sum);
     if (preset.rotates()) FwhtInPlace(o, d);
   }
   return {};

@@ -350,7 +350,7 @@ void AttendFp16(size_t d, int heads, const uint16_t* keys, const uint16_t* value
 }
 
 CodecStatus AttendImpl(const Preset& preset, int head_dim, const float* queries, int heads,
-                       const SequenceView& seq, float* out, float scale) {
+                       const SequenceView& seq, float* out, float scale, float* lse) {
   const DF df;
   const size_t N = hn::Lanes(df), d = static_cast<size_t>(head_dim);
   const size_t g = static_cast<size_t>(preset.tile_tokens);
@@ -391,7 +391,9 @@ CodecStatus AttendImpl(const Preset& preset, int head_dim, const float* queries,
   for (int h = 0; h < heads; ++h) {
     const float m = std::max(fp16_state.max[h], tile_state.max[h]);
     const float e1 = std::exp(fp16_state.max[h] - m), e2 = std::exp(tile_state.max[h] - m);
-    const float inv = 1.0f / (fp16_state.sum[h] * e1 + tile_state.sum[h] * e2);
+    const float total = fp16_state.sum[h] * e1 + tile_state.sum[h] * e2;
+    const float inv = 1.0f / total;
+    if (lse != nullptr) lse[h] = m + std::log(total);
     float* o = out + h * d;
     const float* ah = s.acc_h.get() + h * d;
     const float* aq = s.acc_q.get() + h * d;
@@ -408,8 +410,8 @@ CodecStatus AttendImpl(const Preset& preset, int head_dim, const float* queries,
 }  // namespace
 
 CodecStatus AttendEntry(const Preset& preset, int head_dim, const float* queries, int heads,
-                        const SequenceView& seq, float* out, float scale) {
-  return AttendImpl(preset, head_dim, queries, heads, seq, out, scale);
+                        const SequenceView& seq, float* out, float scale, float* lse) {
+  return AttendImpl(preset, head_dim, queries, heads, seq, out, scale, lse);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -421,9 +423,9 @@ namespace kvarn {
 HWY_EXPORT(AttendEntry);
 
 CodecStatus SimdAttend(const Preset& preset, int head_dim, const float* queries, int num_queries,
-                       const SequenceView& seq, float* out, float softmax_scale) {
+                       const SequenceView& seq, float* out, float softmax_scale, float* lse) {
   return HWY_DYNAMIC_DISPATCH(AttendEntry)(preset, head_dim, queries, num_queries, seq, out,
-                                           softmax_scale);
+                                           softmax_scale, lse);
 }
 }  // namespace kvarn
 #endif

@@ -199,7 +199,7 @@ const char* SimdTargetName();
 CodecStatus SimdEncode(const Preset& preset, int head_dim, const TileIn& in, uint8_t* record,
                        int iterations);
 CodecStatus SimdAttend(const Preset& preset, int head_dim, const float* queries, int num_queries,
-                       const SequenceView& seq, float* out, float softmax_scale);
+                       const SequenceView& seq, float* out, float softmax_scale, float* lse);
 
 namespace {
 CodecStatus SimdDecode(const Preset& preset, int head_dim, const uint8_t* record,

@@ -536,12 +536,16 @@ absl::Status Session::AttendDevice(uint64_t seq, int layer, const float* queries
   return device_->Attend(*table, layer, queries, num_q_heads, out, /*device_io=*/true, stream);
 }
 
-absl::Status Session::Attend(uint64_t seq, int layer, const float* queries, int num_q_heads, float* out) const {
+absl::Status Session::Attend(uint64_t seq, int layer, const float* queries, int num_q_heads, float* out,
+                             float* lse) const {
   if (absl::Status m = CheckMapped(); !m.ok()) return m;
   const int heads = layout_.num_kv_heads;
   auto table = CheckedTable(seq, layer, num_q_heads);
   if (!table.ok()) return table.status();
-  if (device_ != nullptr) return device_->Attend(*table, layer, queries, num_q_heads, out, /*device_io=*/false, nullptr);
+  if (device_ != nullptr) {
+    if (lse != nullptr) return absl::UnimplementedError("Attend with lse: not on a CUDA pool");
+    return device_->Attend(*table, layer, queries, num_q_heads, out, /*device_io=*/false, nullptr);
+  }
   const int group = num_q_heads / heads;
   const size_t d = static_cast<size_t>(layout_.head_dim);
   std::vector<const uint8_t*> tiles(table->quant_blocks.size());
@@ -559,7 +563,8 @@ absl::Status Session::Attend(uint64_t seq, int layer, const float* queries, int 
                  reinterpret_cast<const uint16_t*>(tail + layout_.Fp16ValuesOffset(layer, h)),
                  static_cast<int>(table->tail_tokens)};
     const CodecStatus s = Codec::Default().AttendDecode(preset_, layout_.head_dim, queries + h * group * d, group, view,
-                                                        out + h * group * d);
+                                                        out + h * group * d, 0.0f,
+                                                        lse == nullptr ? nullptr : lse + h * group);
     if (!s.ok()) return FromCodec(s);
   }
   return absl::OkStatus();

@@ -506,14 +506,17 @@ ended session, a stale epoch) are raised.)doc")
           pyb::arg("sequence"),
           "The sequence's SequenceTable as the daemon last returned it (no RPC).")
       .def("attend", &Attend, pyb::arg("sequence"), pyb::arg("layer"), pyb::arg("queries"),
-           pyb::arg("out") = pyb::none(),
+           pyb::arg("out") = pyb::none(), pyb::arg("return_lse") = false,
            R"doc(Decode attention of one layer over the whole sequence, read in place from shared
 memory (fp16 sink, quantized tiles, fp16 tail; no RPC). ``queries``: (num_query_heads,
 head_dim), original frame, num_query_heads a multiple of num_kv_heads (grouped-query
 attention: query head i reads kv-head i // (num_query_heads // num_kv_heads)); softmax scale
 1/sqrt(head_dim). Returns float32 (num_query_heads, head_dim) (a torch tensor for torch
 queries), or writes into ``out`` (a writable C-contiguous float32 numpy array of that
-shape) and returns it.)doc")
+shape) and returns it. With ``return_lse=True`` returns ``(out, lse)``: lse (num_query_heads,)
+is the natural log of the softmax denominator over the sequence (scaled scores), so the result
+merges exactly with attention over tokens not committed yet (a decode step's own token):
+``w = exp(lse - m), u = exp(s_new - m)``, ``(w * out + u * v_new) / (w + u)``. Host pools only.)doc")
       .def("dequantize", &Dequantize, pyb::arg("sequence"), pyb::arg("layer") = pyb::none(),
            R"doc(The sequence's K/V as the pool holds them, dequantized, original frame, float32:
 ``(keys, values)`` of shape (tokens, num_layers, num_kv_heads, head_dim), the layout append

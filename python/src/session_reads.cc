@@ -142,7 +142,8 @@ pyb::tuple DequantizeBlock(PySession& ps, uint32_t block, std::optional<int> lay
   return pyb::make_tuple(keys, values);
 }
 
-pyb::object Attend(PySession& ps, uint64_t seq, int layer, pyb::object queries, pyb::object out) {
+pyb::object Attend(PySession& ps, uint64_t seq, int layer, pyb::object queries, pyb::object out,
+                   bool return_lse) {
   std::shared_ptr<Session> s = ps.Get();
   const BlockLayout& l = s->block_layout();
   CheckLayer(*s, layer);
@@ -175,14 +176,21 @@ pyb::object Attend(PySession& ps, uint64_t seq, int layer, pyb::object queries, 
   }
   const auto* qp = static_cast<const float*>(q.data());
   auto* op = static_cast<float*>(result.mutable_data());
+  pyb::array lse;
+  float* lp = nullptr;
+  if (return_lse) {
+    lse = NewF32({hq});
+    lp = static_cast<float*>(lse.mutable_data());
+  }
   absl::Status st;
   {
     Release nogil;
-    st = s->Attend(seq, layer, qp, static_cast<int>(hq), op);
+    st = s->Attend(seq, layer, qp, static_cast<int>(hq), op, lp);
   }
   Check(st);
-  if (!out.is_none()) return out;
-  return AsOutput(result, q.from_torch);
+  pyb::object o = out.is_none() ? AsOutput(result, q.from_torch) : out;
+  if (!return_lse) return o;
+  return pyb::make_tuple(o, AsOutput(lse, q.from_torch));
 }
 
 }  // namespace kvarn::py

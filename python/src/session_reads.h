@@ -14,7 +14,7 @@ namespace kvarn::py {
 
 // Session.attend(sequence, layer, queries, out=None).
 pybind11::object Attend(PySession& ps, uint64_t seq, int layer, pybind11::object queries,
-                        pybind11::object out);
+                        pybind11::object out, bool return_lse);
 // Session.dequantize(sequence, layer=None): (keys, values) [T][L][H][D] or [T][H][D].
 pybind11::tuple Dequantize(PySession& ps, uint64_t seq, std::optional<int> layer);
 // Session.dequantize_block(block, layer=None, head=None): [L][H][G][D], less fixed axes.

@@ -103,6 +103,33 @@ class Sequence {
     return out;
   }
 
+  // log sum_t exp(scale * q . k_t) per query head, in fp64 (what AttendDecode's lse reports).
+  std::vector<double> ExpectedLse(const float* queries, int num_queries, int sink_tokens, int tiles,
+                                  int tail_tokens, double scale) const {
+    const int g = preset_.tile_tokens;
+    std::vector<const double*> keys;
+    for (int t = 0; t < sink_tokens; ++t) keys.push_back(&sink_kd_[static_cast<size_t>(t) * d_]);
+    for (int t = 0; t < tiles * g; ++t) keys.push_back(&tiles_kd_[static_cast<size_t>(t) * d_]);
+    for (int t = 0; t < tail_tokens; ++t) keys.push_back(&tail_kd_[static_cast<size_t>(t) * d_]);
+    std::vector<double> lse(num_queries);
+    for (int h = 0; h < num_queries; ++h) {
+      std::vector<double> q(queries + static_cast<size_t>(h) * d_,
+                            queries + static_cast<size_t>(h + 1) * d_);
+      if (preset_.rotates()) test::FwhtDouble(q.data(), d_);
+      std::vector<double> s(keys.size());
+      for (size_t t = 0; t < keys.size(); ++t) {
+        double dot = 0.0;
+        for (int c = 0; c < d_; ++c) dot += q[c] * keys[t][c];
+        s[t] = dot * scale;
+      }
+      const double m = *std::max_element(s.begin(), s.end());
+      double sum = 0.0;
+      for (double x : s) sum += std::exp(x - m);
+      lse[h] = m + std::log(sum);
+    }
+    return lse;
+  }
+
   const std::vector<const uint8_t*>& tile_ptrs() const { return tile_ptrs_; }
 
  private:
@@ -156,6 +183,41 @@ TEST_P(AttendTest, FusedAttentionEqualsDequantizeThenAttend) {
         }
       }
     }
+  }
+}
+
+// lse is the log of the softmax denominator, so attention over two splits of a sequence
+// merges into attention over the whole: what a decode step does with its own new token.
+TEST_P(AttendTest, LseIsTheSoftmaxDenominatorAndSplitsMergeExactly) {
+  const Preset p = preset();
+  const int g = p.tile_tokens;
+  constexpr int kHeads = 3;
+  for (int d : {64, 128}) {
+    SCOPED_TRACE(d);
+    const Sequence seq(codec(), p, d, 5000 + d);
+    const std::vector<float> q = Gaussian(static_cast<size_t>(kHeads) * d, 17 + d, 1.5f);
+    const double scale = 1.0 / std::sqrt(d);
+    std::vector<float> whole(kHeads * d), head(kHeads * d), rest(kHeads * d);
+    std::vector<float> lse_whole(kHeads), lse_head(kHeads), lse_rest(kHeads);
+    ASSERT_TRUE(codec().AttendDecode(p, d, q.data(), kHeads, seq.View(g, 2, 7), whole.data(), 0.0f,
+                                     lse_whole.data()).ok());
+    const std::vector<double> want = seq.ExpectedLse(q.data(), kHeads, g, 2, 7, scale);
+    for (int h = 0; h < kHeads; ++h) EXPECT_NEAR(lse_whole[h], want[h], 1e-4 * std::max(1.0, std::fabs(want[h])));
+    // Split: sink and tiles | tail.
+    ASSERT_TRUE(codec().AttendDecode(p, d, q.data(), kHeads, seq.View(g, 2, 0), head.data(), 0.0f,
+                                     lse_head.data()).ok());
+    ASSERT_TRUE(codec().AttendDecode(p, d, q.data(), kHeads, seq.View(0, 0, 7), rest.data(), 0.0f,
+                                     lse_rest.data()).ok());
+    std::vector<float> merged(kHeads * d);
+    for (int h = 0; h < kHeads; ++h) {
+      const double m = std::max(lse_head[h], lse_rest[h]);
+      const double a = std::exp(lse_head[h] - m), b = std::exp(lse_rest[h] - m);
+      for (int c = 0; c < d; ++c) {
+        merged[h * d + c] = static_cast<float>((a * head[h * d + c] + b * rest[h * d + c]) / (a + b));
+      }
+      EXPECT_NEAR(m + std::log(a + b), lse_whole[h], 1e-4 * std::max(1.0, std::fabs(static_cast<double>(lse_whole[h]))));
+    }
+    EXPECT_LT(test::RelL2(merged.data(), whole.data(), whole.size()), 1e-5);
   }
 }
 

@@ -249,6 +249,35 @@ def test_attend_matches_attention_over_the_dequantized_kv(session, q_heads):
     assert rel_l2(session.attend(other, 0, q), session.attend(seq, 0, q)) > 0.1
 
 
+def test_attend_lse_merges_a_new_token_exactly_as_committing_it(session):
+    """What a decode step does: attention over the pool merged with its own new token through
+    the log-sum-exp equals attention after that token is committed."""
+    prompt = tokens(18000, 2 * G + 5)
+    seq, _, _, _ = appended(session, prompt, seed=20)
+    rng = np.random.default_rng(21)
+    q = rng.standard_normal((2 * H, D)).astype(np.float32)
+    k_new, v_new = make_kv(1, seed=22)  # fp16 values, so the committed copy is exact
+    k_new32, v_new32 = k_new.astype(np.float32), v_new.astype(np.float32)
+    merged = {}
+    for layer in range(L):
+        out, lse = session.attend(seq, layer, q, return_lse=True)
+        assert lse.shape == (2 * H,) and lse.dtype == np.float32
+        keys, _ = session.dequantize(seq, layer=layer)
+        for i in range(2 * H):  # lse is log sum exp over the pool's keys for that head
+            s = (keys[:, i // 2].astype(np.float64) @ q[i].astype(np.float64)) / np.sqrt(D)
+            want = s.max() + np.log(np.exp(s - s.max()).sum())
+            assert abs(lse[i] - want) < 1e-3 * max(1.0, abs(want))
+        kv_head = np.arange(2 * H) // 2
+        s_new = (q * k_new32[0, layer, kv_head]).sum(-1) / np.sqrt(D)
+        m = np.maximum(lse, s_new)
+        w, u = np.exp(lse - m)[:, None], np.exp(s_new - m)[:, None]
+        merged[layer] = (w * out + u * v_new32[0, layer, kv_head]) / (w + u)
+    session.append(seq, [7], k_new, v_new)
+    for layer in range(L):
+        after = session.attend(seq, layer, q)
+        assert rel_l2(merged[layer], after) < 1e-5
+
+
 def test_stats_and_sequences_describe_this_session(session):
     seq, _, _ = session.create_sequence(tokens(1, 5))
     stats = session.stats()
