@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Sets everything up on a fresh Debian 12 machine, then runs the main job on its embedded
 # defaults:
-#  1. the codec on synthetic K/V: `kvarnctl codec synth` then `kvarnctl codec eval`,
+#  1. a real language model generating text with its KV cache in kvarnd: `python3 -m kvarn.lm
+#     demo` (the byte-level model trained by python/kvarn/lm/train.py, docs/model.md) starts
+#     its own kvarnd and runs worker processes that share system prompts;
+#  2. the codec on synthetic K/V: `kvarnctl codec synth` then `kvarnctl codec eval`,
 #     comparing KVarN against the KIVI and Hadamard-only baselines;
-#  2. kvarnd on the host backend with its default configuration, and `kvarnctl demo`:
+#  3. kvarnd on the host backend with its default configuration, and `kvarnctl demo`:
 #     simulated workers sharing system prompts through the shared-memory pool.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +16,10 @@ bin="$build/bin"
 data=$(mktemp -d)
 trap 'kill "${daemon_pid:-}" 2>/dev/null || true; rm -rf "$data"' EXIT
 
+echo "== a real model generating through kvarnd (python3 -m kvarn.lm demo) =="
+PYTHONPATH="$build/python" /usr/bin/python3 -m kvarn.lm demo
+
+echo
 echo "== KVarN codec on synthetic K/V =="
 "$bin/kvarnctl" codec synth --out-dir "$data/kv"
 "$bin/kvarnctl" codec eval --keys "$data/kv/k.npy" --values "$data/kv/v.npy" --queries "$data/kv/q.npy" \

@@ -17,6 +17,7 @@ packages=(
   prometheus
   nodejs $(command -v npm >/dev/null || echo npm)  # tests/deploy/k8s; an npm already there (NodeSource's nodejs has one) conflicts with Debian's
   pybind11-dev python3-dev python3-numpy python3-pytest  # the Python package (python/) and its tests
+  python3-torch libopenblas0-openmp perl-doc  # kvarn.lm: the model (PyTorch; OpenBLAS, or matmuls run ~15x slower) and its held-out text (perl-doc pod files)
 )
 
 missing=()

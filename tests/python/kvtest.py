@@ -11,17 +11,12 @@ Environment (CTest sets them, python/CMakeLists.txt): KVARN_KVARND, KVARN_KVARNC
 KVARN_BUILD_DIR; PYTHONPATH names build/python.
 """
 
-import ctypes
-import itertools
 import os
 import pathlib
-import shutil
-import signal
-import subprocess
-import tempfile
-import threading
 
 import numpy as np
+
+from kvarn import local
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BUILD_DIR = pathlib.Path(os.environ.get("KVARN_BUILD_DIR", REPO / "build"))
@@ -32,32 +27,11 @@ KVARNCTL = os.environ.get("KVARN_KVARNCTL", str(BUILD_DIR / "bin" / "kvarnctl"))
 LAYOUT = dict(model_id="py-model", num_layers=2, num_kv_heads=2, head_dim=64,
               preset="kvarn_k4v2_g64", sink_tokens=64)
 G = 64  # tile tokens of kvarn_k4v2_g64
-START_TIMEOUT_S = 20.0
-
-_instances = itertools.count()
-
-
-def _die_with_parent():
-    # In the child before exec: SIGKILL when the test process goes away.
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-class Daemon:
-    """A kvarnd process serving a Unix socket in its own temporary directory."""
+class Daemon(local.LocalDaemon):
+    """kvarnd from the build with the tests' small layout (kvarn.local.LocalDaemon)."""
 
     def __init__(self, extra_flags=(), socket_path=None):
-        self.dir = tempfile.mkdtemp(prefix="kvpy.", dir="/tmp")
-        self.socket_path = socket_path or os.path.join(self.dir, "kvarnd.sock")
-        self.instance = f"py-{os.getpid()}-{next(_instances)}"
-        self.lines = []
-        self.fields = {}
-        self._started = threading.Event()
         flags = [
-            f"--listen={self.socket_path}",
-            "--metrics=127.0.0.1:0",
-            f"--instance={self.instance}",
-            "--backend=host",
             f"--model_id={LAYOUT['model_id']}",
             f"--num_layers={LAYOUT['num_layers']}",
             f"--num_kv_heads={LAYOUT['num_kv_heads']}",
@@ -67,54 +41,10 @@ class Daemon:
             "--capacity=16MiB",
             "--default_tail_slots=8",
             "--grace_ms=100",
-            "--drain_ms=1000",
             "--log_level=info",
             *extra_flags,
         ]
-        self.proc = subprocess.Popen([KVARND, *flags], stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, preexec_fn=_die_with_parent)
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        if not self._started.wait(START_TIMEOUT_S):
-            self.stop()
-            raise RuntimeError(f"kvarnd did not start within {START_TIMEOUT_S} s:\n{self.log()}")
-        if not self.fields:
-            self.stop()
-            raise RuntimeError(f"kvarnd exited at start (status {self.proc.poll()}):\n{self.log()}")
-        if int(self.fields["pid"]) != self.proc.pid:
-            self.stop()
-            raise RuntimeError(f"kvarnd_started names pid {self.fields['pid']}, not {self.proc.pid}")
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            if not self.fields and "event=kvarnd_started" in line:
-                self.fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-                self._started.set()
-        self._started.set()  # exited: the waiter sees no fields
-
-    @property
-    def target(self):
-        return "unix:" + self.socket_path
-
-    @property
-    def epoch(self):
-        return int(self.fields["epoch"])
-
-    def log(self):
-        return "".join(self.lines)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._reader.join(5)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        super().__init__(flags, kvarnd=KVARND, socket_path=socket_path)
 
 
 def tokens(first, n):
