@@ -419,12 +419,17 @@ def main():
         with open(os.path.join(tmp, "kvarnd-targets.json"), "w") as f:
             json.dump([{"targets": [d.target], "labels": {"namespace": NAMESPACE, "pod": pod}}
                        for d, pod in zip(daemons, PODS)], f)
-        prom = Prometheus(a.prometheus, tmp, free_port(), os.path.join(tmp, "prometheus.yml"))
-        for _ in range(2):  # the free port may have been taken before Prometheus bound it
-            time.sleep(0.5)
-            if prom.proc.poll() is None:
-                break
-            prom = Prometheus(a.prometheus, tmp, free_port(), os.path.join(tmp, "prometheus.yml"))
+        def start_prometheus():
+            """Prometheus on a free port, ready (or exited: the port may have been taken
+            between free_port() and its bind, then a second port is tried)."""
+            for _ in range(2):
+                p = Prometheus(a.prometheus, tmp, free_port(), os.path.join(tmp, "prometheus.yml"))
+                ok, _ = wait_for("prometheus ready or exited", deadline, lambda: (
+                    p.proc.poll() is not None or http_get(p.url + "/-/ready").strip() != "", "up"))
+                if ok and p.proc.poll() is None:
+                    return p
+            return p
+        prom = start_prometheus()
 
         for d in daemons:
             ok, detail = kill_a_client(a.kvarnctl, d, tokens["demo"], tmp, deadline)
