@@ -2,8 +2,18 @@
 
 #include <cassert>
 
-
 namespace kvarn {
+
+const char* MethodName(Method m) {
+  switch (m) {
+    case Method::kKvarn: return "kvarn";
+    case Method::kKivi: return "kivi";
+    case Method::kHadamard: return "hadamard";
+    case Method::kFp16: return "fp16";
+  }
+  return "?";
+}
+
 namespace {
 
 constexpr int kFp16TileTokens = 128;
@@ -25,7 +35,7 @@ CodecStatus CheckHeadDim(int head_dim) {
 
 std::string Preset::Name() const {
   if (method == Method::kFp16) return "fp16";
-  const char* prefix = method == Method::kKvarn ? "kvarn" : method == Method::kKivi ? "kivi" : "hadamard";
+  const char* prefix = MethodName(method);
   return std::string(prefix) + "_k" + std::to_string(key_bits) + "v" + std::to_string(value_bits) +
          "_g" + std::to_string(tile_tokens);
 }

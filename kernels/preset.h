@@ -19,6 +19,9 @@ namespace kvarn {
 
 enum class Method { kKvarn, kKivi, kHadamard, kFp16 };
 
+// "kvarn", "kivi", "hadamard" or "fp16": the method's part of a preset name.
+const char* MethodName(Method m);
+
 inline constexpr std::string_view kDefaultPresetName = "kvarn_k4v2_g128";
 
 // The head dimensions the codec supports (powers of two for the Hadamard transform).

@@ -26,19 +26,6 @@ std::string JsonNumber(double v) { return JsonWriter().Double(v).str(); }
 std::string JsonNumber(const std::optional<double>& v) { return v ? JsonNumber(*v) : "null"; }
 std::string JsonString(const std::string& s) { return JsonQuote(s); }
 
-const char* MethodName(Method m) {
-  switch (m) {
-    case Method::kKvarn:
-      return "kvarn";
-    case Method::kKivi:
-      return "kivi";
-    case Method::kHadamard:
-      return "hadamard";
-    case Method::kFp16:
-      return "fp16";
-  }
-  return "?";
-}
 
 }  // namespace
 

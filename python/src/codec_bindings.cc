@@ -34,19 +34,6 @@ Preset Parsed(const std::string& name) {
   return p;
 }
 
-std::string MethodName(Method m) {
-  switch (m) {
-    case Method::kKvarn:
-      return "kvarn";
-    case Method::kKivi:
-      return "kivi";
-    case Method::kHadamard:
-      return "hadamard";
-    case Method::kFp16:
-      return "fp16";
-  }
-  return "?";
-}
 
 void CheckHeadDimArg(ssize_t d, const std::string& what) {
   if (d > 4096 || !CheckHeadDim(static_cast<int>(d)).ok()) {
