@@ -19,17 +19,6 @@
 
 namespace kvarn::chaos {
 
-Layout ChaosLayout() {
-  Layout l;
-  l.model_id = "it-model";
-  l.num_layers = 2;
-  l.num_kv_heads = 2;
-  l.head_dim = 64;
-  l.preset = "kvarn_k4v2_g64";
-  l.sink_tokens = 64;
-  return l;
-}
-
 namespace {
 
 constexpr int kPrompts = 6;                   // the shared prompt set
@@ -182,7 +171,7 @@ bool ChaosClient::Connect() {
 void ChaosClient::TryOpen() {
   SessionOptions so;
   so.tenant = args_.tenant;
-  so.layout = ChaosLayout();
+  so.layout = it::SmallLayout();
   so.max_sequences = args_.max_sequences;
   so.client_name = absl::StrCat("kvarn_chaos-", args_.serial);
   auto s = client_->OpenSession(so);
@@ -287,7 +276,7 @@ void ChaosClient::AppendOne() {
   const bool seal = h.tail + n == kTile;
   const bool inline_call = h.force_inline || Chance(0.5);
   const std::vector<uint32_t> ids = Content(h, h.tokens, n);
-  const it::KvData kv = it::MakeKv(ids, ChaosLayout());
+  const it::KvData kv = it::MakeKv(ids, it::SmallLayout());
   Say(absl::StrCat("BEGIN op=append seal=", seal ? 1 : 0, " seq=", h.id, " n=", n, " via=", inline_call ? "inline" : "shm"));
   absl::StatusOr<AppendInfo> r = absl::UnknownError("not run");
   bool local = false;
@@ -351,7 +340,7 @@ void ChaosClient::ReadOne() {
   const Held h = held_[candidates[Uniform(0, candidates.size() - 1)]];
   const uint64_t start = Uniform(0, h.tokens - 1);
   const uint32_t count = static_cast<uint32_t>(Uniform(1, std::min<uint64_t>(kTile, h.tokens - start)));
-  const uint32_t layer = static_cast<uint32_t>(Uniform(0, ChaosLayout().num_layers - 1));
+  const uint32_t layer = static_cast<uint32_t>(Uniform(0, it::SmallLayout().num_layers - 1));
   Say(absl::StrCat("BEGIN op=read seal=0 seq=", h.id));
   std::vector<float> k, v;
   const absl::Status s = session_->Read(h.id, layer, start, count, &k, &v);
@@ -376,7 +365,7 @@ void ChaosClient::Replay(Session& s, const std::vector<Held>& held, bool restart
   // A sequence id the session held (or one it never had, when it held none).
   const Held h = held.empty() ? Held{.id = 1, .len = 1} : held[0];
   const std::vector<uint32_t> ids = Content(h, h.tokens, 1);
-  const it::KvData kv = it::MakeKv(ids, ChaosLayout());
+  const it::KvData kv = it::MakeKv(ids, it::SmallLayout());
   if (!held.empty() && !h.force_inline && h.tail < kTile) {
     // Stage only writes this process's own mapping of a tail the daemon let go of (or of a dead
     // daemon's pool); the commit is the call the daemon must refuse.

@@ -14,12 +14,11 @@
 #include <string>
 
 #include "client/lib/client.h"
+#include "tests/integration/kv_data.h"
 
 namespace kvarn::chaos {
 
-// The model of every run (tests/integration/harness.h SmallLayout()): 2 layers, 2 kv-heads,
-// head_dim 64, kvarn_k4v2_g64 (64-token tiles), the first tile kept fp16 (sink).
-Layout ChaosLayout();
+// The model of every run is it::SmallLayout() (tests/integration/kv_data.h).
 inline constexpr int kTile = 64;
 
 struct ClientArgs {

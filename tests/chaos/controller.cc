@@ -48,7 +48,7 @@ Controller::~Controller() {
 }
 
 std::vector<std::string> Controller::DaemonArgs() const {
-  const Layout l = ChaosLayout();
+  const Layout l = it::SmallLayout();
   return {
       "--listen=" + socket_,
       "--metrics=127.0.0.1:0",
@@ -89,7 +89,7 @@ absl::Status Controller::OpenObserver() {
   obs_client_ = std::move(*c);
   SessionOptions so;
   so.tenant = "chaos-ops";
-  so.layout = ChaosLayout();
+  so.layout = it::SmallLayout();
   so.admin_token = admin_token_;
   so.client_name = "kvarn_chaos-observer";
   so.observer = true;

@@ -76,17 +76,6 @@ std::string PromtoolBinary() {
   return env != nullptr ? env : KVARN_IT_PROMTOOL;
 }
 
-Layout SmallLayout() {
-  Layout l;
-  l.model_id = "it-model";
-  l.num_layers = 2;
-  l.num_kv_heads = 2;
-  l.head_dim = 64;
-  l.preset = "kvarn_k4v2_g64";
-  l.sink_tokens = 64;
-  return l;
-}
-
 TempDir::TempDir() {
   char tmpl[] = "/tmp/kvit.XXXXXX";
   const char* p = mkdtemp(tmpl);

@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "client/lib/client.h"
+#include "tests/integration/kv_data.h"  // SmallLayout
 
 namespace kvarn::it {
 
@@ -33,9 +34,6 @@ std::string TestClientBinary();
 std::string AttackerBinary();
 std::string PromtoolBinary();
 
-// The small model every integration test uses: L=2 layers, 2 kv-heads, D=64, 64-token tiles,
-// KVarN 4-bit keys / 2-bit values, first tile kept fp16 (sink).
-Layout SmallLayout();
 inline constexpr int kTile = 64;
 
 // A fresh directory under /tmp, removed (recursively) on destruction.

@@ -20,6 +20,17 @@ double Uniform(uint64_t& state) { return (static_cast<double>(SplitMix(state) >>
 
 }  // namespace
 
+Layout SmallLayout() {
+  Layout l;
+  l.model_id = "it-model";
+  l.num_layers = 2;
+  l.num_kv_heads = 2;
+  l.head_dim = 64;
+  l.preset = "kvarn_k4v2_g64";
+  l.sink_tokens = 64;
+  return l;
+}
+
 std::vector<uint32_t> Tokens(uint32_t first, size_t n) {
   std::vector<uint32_t> t(n);
   std::iota(t.begin(), t.end(), first);

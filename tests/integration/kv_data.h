@@ -15,6 +15,10 @@
 
 namespace kvarn::it {
 
+// The small model every integration test and the chaos run use: L=2 layers, 2 kv-heads,
+// D=64, 64-token tiles, KVarN 4-bit keys / 2-bit values, first tile kept fp16 (sink).
+Layout SmallLayout();
+
 // Token ids first, first + 1, ..., first + n - 1.
 std::vector<uint32_t> Tokens(uint32_t first, size_t n);
 
