@@ -116,7 +116,16 @@ size_t AttentionData::QuantizedBytes() const {
   const size_t fp16_tokens = kSinkTokens + kTailTokens;
   return kKvHeads * (kTiles * preset.RecordBytes(kHeadDim) + fp16_tokens * kHeadDim * 2 * 2);
 }
+const uint16_t* AttentionData::DenseKeys16(int kv_head) const {
+  return dense_keys16.data() + static_cast<size_t>(kv_head) * kTokens * kHeadDim;
+}
+const uint16_t* AttentionData::DenseValues16(int kv_head) const {
+  return dense_values16.data() + static_cast<size_t>(kv_head) * kTokens * kHeadDim;
+}
 size_t AttentionData::DenseBytes() const { return 2 * dense_keys.size() * sizeof(float); }
+size_t AttentionData::DenseF16Bytes() const {
+  return 2 * dense_keys16.size() * sizeof(uint16_t);
+}
 
 const AttentionData& GetAttentionData() {
   static const AttentionData* data = [] {
@@ -157,6 +166,8 @@ const AttentionData& GetAttentionData() {
         head.tiles.push_back(head.records.data() + i * record_bytes);
       a->heads.push_back(std::move(head));
     }
+    a->dense_keys16 = ToHalf(a->dense_keys.data(), a->dense_keys.size());  // exact: fp16 values
+    a->dense_values16 = ToHalf(a->dense_values.data(), a->dense_values.size());
     return a;
   }();
   return *data;

@@ -50,8 +50,10 @@ struct AttentionData {
 
   Preset preset;               // kvarn_k4v2_g128
   std::vector<float> queries;  // [kv_head][kHeadsPerKv][D], original frame
-  // Dense baseline: [kv_head][kTokens][D] fp32, original frame (the fp16 values widened).
+  // Dense baselines: [kv_head][kTokens][D], original frame, as fp32 (the fp16 values widened)
+  // and as the fp16 bits an unquantized cache would hold.
   std::vector<float> dense_keys, dense_values;
+  std::vector<uint16_t> dense_keys16, dense_values16;
 
   struct Head {
     std::vector<uint16_t> sink_keys, sink_values, tail_keys, tail_values;  // storage frame
@@ -64,8 +66,11 @@ struct AttentionData {
   const float* Queries(int kv_head) const;
   const float* DenseKeys(int kv_head) const;
   const float* DenseValues(int kv_head) const;
+  const uint16_t* DenseKeys16(int kv_head) const;
+  const uint16_t* DenseValues16(int kv_head) const;
   size_t QuantizedBytes() const;  // records + fp16 sink and tail, all kv-heads
   size_t DenseBytes() const;      // fp32 K+V, all kv-heads
+  size_t DenseF16Bytes() const;   // fp16 K+V, all kv-heads
 };
 const AttentionData& GetAttentionData();
 

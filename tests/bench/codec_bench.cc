@@ -1,6 +1,8 @@
 // kvarn_codec_bench: throughput of the CPU KVarN codec on one core, for the scalar reference
-// and the SIMD codec, beside the machine's references measured in the same binary: memcpy
-// bandwidth (beyond the caches and in cache), a q4_0 quantizer peer for the encoder, and dense
+// and the SIMD codec, beside the machine's references measured in the same binary: streaming
+// read and memcpy bandwidth (beyond L3, and at the working set of the encode/decode rings), a
+// q4_0 quantizer peer for the encoder (the project's own loop; llama.cpp/ggml is not packaged
+// for Debian 12, so its figures are not printed here: docs/benchmarks.md), and dense fp16 and
 // fp32 attention for fused decode attention. Ends with a summary table that prints every
 // figure beside its reference and target. Nothing here asserts on time.
 //
@@ -8,10 +10,17 @@
 //
 //   taskset -c 0 build/bin/kvarn_codec_bench
 //
-// Figures are per CPU second of the benchmark thread (Google Benchmark's CPU time), so that
-// time the scheduler gives other processes on a shared machine does not count; on an idle
-// machine CPU and wall time agree (the console shows both). They still move with the core's
-// boost clock, which the summary reports.
+// One clock for every figure of the summary, milliseconds and GB/s alike: the CPU time of the
+// benchmark thread (Google Benchmark's CPU time, CLOCK_THREAD_CPUTIME_ID), so that time the
+// scheduler gives other processes on a shared machine does not count; on an idle machine CPU
+// and wall time agree (the console shows both columns). Cache eviction before a cold call is
+// not timed. Figures still move with the core's boost clock, which the summary reports.
+//
+// Working sets: the encode and decode rings are 4 MiB of fp16 (in L3), and their bandwidth
+// reference is a memcpy of that size; attention "cold" evicts the caches before every call
+// (the quantized sequences are 28.7 MB, under this machine's 32 MiB L3), and its reference is
+// a streaming read beyond L3 — the read limit of a step that must come from DRAM. The dense
+// baselines (fp16, what an unquantized cache holds, and fp32) are evicted the same way.
 //
 // Defaults: 3 repetitions, medians in the summary, only aggregates on the console. Any
 // Google Benchmark flag overrides them, e.g. --benchmark_repetitions=5 or
@@ -36,13 +45,16 @@
 namespace kvarn::bench {
 namespace {
 
-// Targets of the issue, per core.
-constexpr double kEncodeTargetGBps = 1.0;
-constexpr double kLlamaCppQ4_0GBps = 0.9;  // llama.cpp's q4_0 KV quantizer, as the issue states
+// Targets, per core: encode faster than a q4_0 quantizer (issue 12: >= 2.0 GB/s of fp16 input),
+// decode >= 4 GB/s, cold 32K-token attention at most 2.5 ms, i.e. at least 65% of the
+// streaming-read bandwidth.
+constexpr double kEncodeTargetGBps = 2.0;
 constexpr double kDecodeTargetGBps = 4.0;
-constexpr double kAttendTargetSpeedup = 2.0;
+constexpr double kAttendTargetMs = 2.5;
+constexpr double kAttendTargetReadShare = 0.65;
 
-constexpr size_t kDramCopyBytes = size_t{256} << 20;   // 8x the 32 MiB L3 of the dev machine
+constexpr size_t kDramBytes = size_t{256} << 20;       // 8x the 32 MiB L3 of the dev machine
+constexpr size_t kRingCopyBytes = size_t{4} << 20;     // the encode/decode rings: in L3
 constexpr size_t kCacheCopyBytes = size_t{128} << 10;  // source + destination fit in L2
 
 constexpr int kDefaultHeadDim = 128;
@@ -63,6 +75,20 @@ Preset MustParse(const std::string& name) {
 // Bytes of fp16 K+V of one tile: what encode consumes and decode produces.
 size_t TileFp16Bytes(const Preset& p, int d) {
   return 2 * 2 * static_cast<size_t>(p.tile_tokens) * d;
+}
+
+// Streaming read: a sum over `bytes` of 64-bit words, four independent chains (far more adds
+// per cycle than memory delivers), the buffer touched first so that no page faults are timed.
+void BM_StreamRead(benchmark::State& state, size_t bytes) {
+  std::vector<uint64_t> buf(bytes / sizeof(uint64_t), 1);
+  for (auto _ : state) {
+    uint64_t a = 0, b = 0, c = 0, d = 0;
+    for (size_t i = 0; i + 4 <= buf.size(); i += 4) {
+      a += buf[i], b += buf[i + 1], c += buf[i + 2], d += buf[i + 3];
+    }
+    benchmark::DoNotOptimize(a + b + c + d);
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
 }
 
 void BM_Memcpy(benchmark::State& state, size_t bytes) {
@@ -187,20 +213,32 @@ void BM_Attend(benchmark::State& state, const Codec* codec, bool cold) {
   if (!cold) AttentionOutputs()[std::string(codec->name())] = out;
 }
 
-void BM_DenseAttend(benchmark::State& state) {
+// Dense attention over the same tokens, fp16 or fp32 K/V, caches evicted before each call
+// like the cold fused run (the sequences, 134 or 269 MB, are beyond L3 anyway).
+void BM_DenseAttend(benchmark::State& state, bool fp16) {
   using A = AttentionData;
   const A& a = GetAttentionData();
   std::vector<float> out(static_cast<size_t>(A::kKvHeads) * A::kHeadsPerKv * A::kHeadDim);
   const float scale = 1.0f / std::sqrt(static_cast<float>(A::kHeadDim));
   for (auto _ : state) {
+    state.PauseTiming();
+    EvictCaches();
+    state.ResumeTiming();
     for (int h = 0; h < A::kKvHeads; ++h) {
-      DenseAttention(a.Queries(h), A::kHeadsPerKv, a.DenseKeys(h), a.DenseValues(h), A::kTokens,
-                     A::kHeadDim, scale, out.data() + h * A::kHeadsPerKv * A::kHeadDim);
+      float* o = out.data() + h * A::kHeadsPerKv * A::kHeadDim;
+      if (fp16) {
+        DenseAttentionF16(a.Queries(h), A::kHeadsPerKv, a.DenseKeys16(h), a.DenseValues16(h),
+                          A::kTokens, A::kHeadDim, scale, o);
+      } else {
+        DenseAttention(a.Queries(h), A::kHeadsPerKv, a.DenseKeys(h), a.DenseValues(h),
+                       A::kTokens, A::kHeadDim, scale, o);
+      }
     }
     benchmark::ClobberMemory();
   }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * a.DenseBytes()));
-  AttentionOutputs()["dense"] = out;
+  state.SetBytesProcessed(
+      static_cast<int64_t>(state.iterations() * (fp16 ? a.DenseF16Bytes() : a.DenseBytes())));
+  AttentionOutputs()[fp16 ? "dense_fp16" : "dense"] = out;
 }
 
 const char* FrameName(Frame f) { return f == Frame::kOriginal ? "original" : "storage"; }
@@ -215,12 +253,15 @@ std::string DecodeName(const Codec& c, const std::string& preset, int d, DType t
          DTypeName(t) + "/" + FrameName(f);
 }
 std::string AttendName(const std::string& impl) {
-  return "attend/" + impl + (impl == "dense_fp32" ? "" : "/kvarn_k4v2_g128") +
+  return "attend/" + impl + (impl.rfind("dense", 0) == 0 ? "" : "/kvarn_k4v2_g128") +
          "/D128/8kv_x_32832tok/gqa4";
 }
+std::string ColdAttendName(const std::string& impl) { return AttendName(impl) + "/cold"; }
 const std::string kClockStart = "clock/dependent_adds/start";
 const std::string kClockEnd = "clock/dependent_adds/end";
+const std::string kReadDram = "read/256MiB_beyond_L3";
 const std::string kMemcpyDram = "memcpy/256MiB_beyond_L3";
+const std::string kMemcpyRing = "memcpy/4MiB_in_L3";
 const std::string kMemcpyCache = "memcpy/128KiB_in_L2";
 const std::string kQ4_0 = "q4_0_peer/D128/f16";
 
@@ -242,7 +283,9 @@ const Codec* const kCodecs[] = {&Codec::Simd(), &Codec::Reference()};
 void RegisterAll() {
   using benchmark::RegisterBenchmark;
   RegisterBenchmark(kClockStart.c_str(), BM_Clock)->Iterations(3)->Unit(benchmark::kMillisecond);
-  RegisterBenchmark(kMemcpyDram.c_str(), BM_Memcpy, kDramCopyBytes)->MinTime(kMinTime);
+  RegisterBenchmark(kReadDram.c_str(), BM_StreamRead, kDramBytes)->MinTime(kMinTime);
+  RegisterBenchmark(kMemcpyDram.c_str(), BM_Memcpy, kDramBytes)->MinTime(kMinTime);
+  RegisterBenchmark(kMemcpyRing.c_str(), BM_Memcpy, kRingCopyBytes)->MinTime(kMinTime);
   RegisterBenchmark(kMemcpyCache.c_str(), BM_Memcpy, kCacheCopyBytes)->MinTime(kMinTime);
   const std::string preset(kDefaultPresetName);
   for (const Codec* c : kCodecs) {
@@ -274,12 +317,14 @@ void RegisterAll() {
     else
       b->MinTime(kMinTime);
   }
-  RegisterBenchmark(("extra/" + AttendName("simd") + "/cold").c_str(), BM_Attend, &Codec::Simd(),
-                    true)
+  RegisterBenchmark(ColdAttendName("simd").c_str(), BM_Attend, &Codec::Simd(), true)
       ->Iterations(20)
       ->Unit(benchmark::kMillisecond);
-  RegisterBenchmark(AttendName("dense_fp32").c_str(), BM_DenseAttend)
-      ->MinTime(kMinTime)
+  RegisterBenchmark(ColdAttendName("dense_fp16").c_str(), BM_DenseAttend, true)
+      ->Iterations(5)
+      ->Unit(benchmark::kMillisecond);
+  RegisterBenchmark(ColdAttendName("dense_fp32").c_str(), BM_DenseAttend, false)
+      ->Iterations(5)
       ->Unit(benchmark::kMillisecond);
   for (const Extra& e : Extras()) {
     for (const Codec* c : kCodecs) {
@@ -319,20 +364,25 @@ void PrintSummary(const SummaryReporter& r) {
   const std::string preset(kDefaultPresetName);
   const auto bps = [&](const std::string& name) { return r.BytesPerSecond(name); };
   const auto sec = [&](const std::string& name) { return r.SecondsPerIteration(name); };
+  const auto ms = [](std::optional<double> s) {
+    return s ? Format("%.2f ms", *s * 1e3) : std::string("(not run)");
+  };
 
   TextTable t;
-  t.AddRow({"figure (one core)", "impl", "measured", "reference", "target", "status"});
+  t.AddRow({"figure (one core, CPU time)", "impl", "measured", "reference", "target", "status"});
   t.AddSeparator();
-  const auto dram = bps(kMemcpyDram);
-  t.AddRow({"memcpy 256 MiB (beyond L3), bytes copied", "libc", GBps(dram),
-            "memory-bound reference", "", ""});
-  t.AddRow({"memcpy 128 KiB (in L2), bytes copied", "libc", GBps(bps(kMemcpyCache)),
-            "in-cache reference", "", ""});
+  const auto read = bps(kReadDram);
+  const auto ring_copy = bps(kMemcpyRing);
+  t.AddRow({"streaming read 256 MiB (beyond L3), bytes read", "loop", GBps(read),
+            "the read limit of DRAM-bound work", "", ""});
+  t.AddRow({"memcpy 256 MiB (beyond L3), bytes copied", "libc", GBps(bps(kMemcpyDram)), "", "", ""});
+  t.AddRow({"memcpy 4 MiB (in L3, the rings' size), bytes copied", "libc", GBps(ring_copy),
+            "reference of encode/decode", "", ""});
+  t.AddRow({"memcpy 128 KiB (in L2), bytes copied", "libc", GBps(bps(kMemcpyCache)), "", "", ""});
   t.AddSeparator();
 
   const auto q4 = bps(kQ4_0);
-  const std::string enc_ref =
-      Format("q4_0 peer %s; llama.cpp q4_0 ~%.1f GB/s", GBps(q4).c_str(), kLlamaCppQ4_0GBps);
+  const std::string enc_ref = "q4_0 peer " + GBps(q4) + " (same ring)";
   for (Frame f : {Frame::kOriginal, Frame::kStorage}) {
     const std::string what =
         Format("encode %s D128 f16 K+V, %s frame%s", preset.c_str(), FrameName(f),
@@ -343,8 +393,8 @@ void PrintSummary(const SummaryReporter& r) {
               Status(s ? std::optional(*s / 1e9) : std::nullopt, kEncodeTargetGBps)});
     t.AddRow({"", "scalar", GBps(c), Ratio(s, c, "faster than scalar"), "", ""});
   }
-  t.AddRow({"q4_0 peer (this binary), f16 K+V", "scalar", GBps(q4),
-            Format("llama.cpp q4_0 ~%.1f GB/s (issue)", kLlamaCppQ4_0GBps), "", ""});
+  t.AddRow({"q4_0 peer (this binary's loop), f16 K+V", "scalar", GBps(q4),
+            "ggml's q4_0: not packaged, not run", "", ""});
   t.AddSeparator();
 
   for (auto [dt, f] :
@@ -353,37 +403,52 @@ void PrintSummary(const SummaryReporter& r) {
                                     preset.c_str(), DTypeName(dt), FrameName(f));
     const auto s = bps(DecodeName(simd, preset, kDefaultHeadDim, dt, f));
     const auto c = bps(DecodeName(ref, preset, kDefaultHeadDim, dt, f));
-    t.AddRow({what, "simd", GBps(s), "memcpy beyond L3 " + GBps(dram),
+    t.AddRow({what, "simd", GBps(s), "memcpy 4 MiB " + GBps(ring_copy),
               Format(">= %.1f GB/s", kDecodeTargetGBps),
               Status(s ? std::optional(*s / 1e9) : std::nullopt, kDecodeTargetGBps)});
     t.AddRow({"", "scalar", GBps(c), Ratio(s, c, "faster than scalar"), "", ""});
   }
   t.AddSeparator();
 
-  const auto dense = sec(AttendName("dense_fp32"));
-  const auto dense_bps = bps(AttendName("dense_fp32"));
-  const auto ms = [](std::optional<double> s) {
-    return s ? Format("%.2f ms", *s * 1e3) : "(not run)";
-  };
-  const std::string att_ref = "dense fp32 " + ms(dense);
+  // Attention: the cold run against the read limit (the quantized bytes at streaming-read
+  // bandwidth) and against dense fp16/fp32 attention over the same tokens, also cold.
+  const double quantized_bytes = static_cast<double>(GetAttentionData().QuantizedBytes());
+  const std::optional<double> limit =
+      read ? std::optional(quantized_bytes / *read) : std::nullopt;
+  const auto cold = sec(ColdAttendName("simd"));
+  const auto dense16 = sec(ColdAttendName("dense_fp16"));
+  const auto dense32 = sec(ColdAttendName("dense_fp32"));
+  const std::string limit_ref =
+      limit ? Format("read limit %s (%.1f MB at %s)", ms(limit).c_str(), quantized_bytes / 1e6,
+                     GBps(read).c_str())
+            : std::string("read limit (not run)");
+  std::string cold_status = "-";
+  if (cold && limit) {
+    const double share = *limit / *cold;
+    cold_status = Format("%s (%.0f%% of read)", *cold * 1e3 <= kAttendTargetMs ? "met" : "MISSED",
+                         100 * share);
+  }
+  t.AddRow({"attention k4v2 8 kv x 32,832 tok, 4 q/kv, caches cold", "simd",
+            ms(cold) + " = " + GBps(bps(ColdAttendName("simd"))), limit_ref,
+            Format("<= %.1f ms, >= %.0f%% of read", kAttendTargetMs, 100 * kAttendTargetReadShare),
+            cold_status});
   for (const Codec* c : kCodecs) {
-    const auto s = sec(AttendName(std::string(c->name())));
-    const std::optional<double> speedup = s && dense ? std::optional(*dense / *s) : std::nullopt;
-    t.AddRow({c == &simd ? "attention k4v2 8 kv-heads x 32,832 tok, 4 q/kv" : "",
-              c == &simd ? "simd" : "scalar",
-              ms(s) + (speedup ? Format(" = %.2fx dense", *speedup) : ""), att_ref,
-              c == &simd ? Format(">= %.1fx dense", kAttendTargetSpeedup) : "",
-              c == &simd ? Status(speedup, kAttendTargetSpeedup) : ""});
+    const std::string name = AttendName(std::string(c->name()));
+    const auto s = sec(name);
+    t.AddRow({c == &simd ? Format("  same, L3-resident (%.1f MB, repeated)", quantized_bytes / 1e6)
+                         : "",
+              c == &simd ? "simd" : "scalar", s ? ms(s) + " = " + GBps(bps(name)) : ms(s), "", "",
+              ""});
   }
-  t.AddRow({"dense fp32 attention, same tokens", "highway", ms(dense) + " = " + GBps(dense_bps),
-            "memcpy beyond L3 " + GBps(dram), "", ""});
-  const auto cold = sec("extra/" + AttendName("simd") + "/cold");
-  if (cold && dense) {
-    t.AddRow({"  same, caches evicted before each call", "simd",
-              ms(cold) + Format(" = %.2fx dense", *dense / *cold), att_ref,
-              Format(">= %.1fx dense", kAttendTargetSpeedup),
-              Status(*dense / *cold, kAttendTargetSpeedup)});
-  }
+  const auto speedup = [&](std::optional<double> dense) {
+    return cold && dense ? Format("fused cold %.2fx faster", *dense / *cold) : std::string();
+  };
+  t.AddRow({"dense fp16 attention, same tokens, caches cold", "highway",
+            ms(dense16) + " = " + GBps(bps(ColdAttendName("dense_fp16"))), speedup(dense16), "",
+            ""});
+  t.AddRow({"dense fp32 attention, same tokens, caches cold", "highway",
+            ms(dense32) + " = " + GBps(bps(ColdAttendName("dense_fp32"))), speedup(dense32), "",
+            ""});
   t.AddSeparator();
 
   for (const Extra& e : Extras()) {
@@ -407,20 +472,23 @@ void PrintSummary(const SummaryReporter& r) {
     return ghz ? Format("%.2f", *ghz) : std::string("?");
   };
   std::printf(
-      "\nSummary (median of repetitions; GB/s = 1e9 bytes/s; SIMD target %s; effective clock %s "
-      "GHz at the "
-      "start, %s GHz at the end)\n\n%s",
+      "\nSummary (median of repetitions; every figure from the benchmark thread's CPU time; GB/s "
+      "= 1e9 bytes/s; SIMD target %s; effective clock %s GHz at the start, %s GHz at the "
+      "end)\n\n%s",
       simd.target().data(), clock(kClockStart).c_str(), clock(kClockEnd).c_str(),
       t.Render().c_str());
 
-  // Sanity: the fused attention computes what the dense baseline computes, up to k4v2 error.
+  // Sanity: the fused attention computes what the dense baselines compute, up to k4v2 error.
   const auto& outs = AttentionOutputs();
-  const auto dense_out = outs.find("dense");
-  for (const char* name : {"simd", "reference"}) {
-    const auto it = outs.find(name);
-    if (it == outs.end() || dense_out == outs.end()) continue;
-    std::printf("check: %s attention vs dense fp32, relative L2 %.4f (k4v2 quantization error)\n",
-                name, RelL2(it->second.data(), dense_out->second.data(), it->second.size()));
+  for (const char* dense : {"dense_fp16", "dense"}) {
+    const auto dense_out = outs.find(dense);
+    for (const char* name : {"simd", "reference"}) {
+      const auto it = outs.find(name);
+      if (it == outs.end() || dense_out == outs.end()) continue;
+      std::printf("check: %s attention vs %s, relative L2 %.4f (k4v2 quantization error)\n", name,
+                  dense_out->first == "dense" ? "dense fp32" : "dense fp16",
+                  RelL2(it->second.data(), dense_out->second.data(), it->second.size()));
+    }
   }
   if (outs.count("simd") && outs.count("reference")) {
     std::printf("check: simd vs scalar attention, relative L2 %.2e\n",

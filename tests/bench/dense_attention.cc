@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 HWY_BEFORE_NAMESPACE();
 namespace kvarn::bench {
@@ -23,9 +24,17 @@ using VF = hn::Vec<DF>;
 
 constexpr size_t kBlock = 64;  // tokens per online-softmax step; its V rows stay in L1
 
-// H query heads over all tokens. acc is [H][d] scratch.
-template <int H>
-void Attend(const float* HWY_RESTRICT q, const float* HWY_RESTRICT k, const float* HWY_RESTRICT v,
+// N floats from fp32 or fp16 (binary16 bits) storage.
+HWY_INLINE VF LoadRow(const float* p) { return hn::LoadU(DF(), p); }
+HWY_INLINE VF LoadRow(const uint16_t* p) {
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  return hn::PromoteTo(DF(), hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
+}
+
+// H query heads over all tokens, K/V elements of type T (float, or fp16 bits widened as they
+// are loaded). acc is [H][d] scratch.
+template <int H, typename T>
+void Attend(const float* HWY_RESTRICT q, const T* HWY_RESTRICT k, const T* HWY_RESTRICT v,
             size_t tokens, size_t d, float scale, float* HWY_RESTRICT acc,
             float* HWY_RESTRICT out) {
   const DF df;
@@ -38,11 +47,11 @@ void Attend(const float* HWY_RESTRICT q, const float* HWY_RESTRICT k, const floa
     const size_t n = std::min(kBlock, tokens - t0);
     // Scores: each K row once for all H heads.
     for (size_t t = 0; t < n; ++t) {
-      const float* HWY_RESTRICT row = k + (t0 + t) * d;
+      const T* HWY_RESTRICT row = k + (t0 + t) * d;
       VF dot[H];
       for (int h = 0; h < H; ++h) dot[h] = hn::Zero(df);
       for (size_t c = 0; c < d; c += N) {
-        const VF kv = hn::LoadU(df, row + c);
+        const VF kv = LoadRow(row + c);
         for (int h = 0; h < H; ++h) dot[h] = hn::MulAdd(hn::LoadU(df, q + h * d + c), kv, dot[h]);
       }
       for (int h = 0; h < H; ++h) p[h][t] = hn::GetLane(hn::SumOfLanes(df, dot[h])) * scale;
@@ -76,8 +85,8 @@ void Attend(const float* HWY_RESTRICT q, const float* HWY_RESTRICT k, const floa
         a1[h] = hn::Load(df, acc + h * d + c + N);
       }
       for (size_t t = 0; t < n; ++t) {
-        const float* HWY_RESTRICT row = v + (t0 + t) * d + c;
-        const VF v0 = hn::LoadU(df, row), v1 = hn::LoadU(df, row + N);
+        const T* HWY_RESTRICT row = v + (t0 + t) * d + c;
+        const VF v0 = LoadRow(row), v1 = LoadRow(row + N);
         for (int h = 0; h < H; ++h) {
           const VF pv = hn::Set(df, p[h][t]);
           a0[h] = hn::MulAdd(pv, v0, a0[h]);
@@ -97,10 +106,9 @@ void Attend(const float* HWY_RESTRICT q, const float* HWY_RESTRICT k, const floa
   }
 }
 
-}  // namespace
-
-void DenseAttentionImpl(const float* queries, int heads, const float* keys, const float* values,
-                        size_t tokens, int head_dim, float scale, float* out) {
+template <typename T>
+void AttendHeads(const float* queries, int heads, const T* keys, const T* values, size_t tokens,
+                 int head_dim, float scale, float* out) {
   const size_t d = static_cast<size_t>(head_dim);
   const hwy::AlignedFreeUniquePtr<float[]> buffer = hwy::AllocateAligned<float>(8 * d);
   float* acc = buffer.get();
@@ -132,6 +140,18 @@ void DenseAttentionImpl(const float* queries, int heads, const float* keys, cons
   }
 }
 
+}  // namespace
+
+void DenseAttentionImpl(const float* queries, int heads, const float* keys, const float* values,
+                        size_t tokens, int head_dim, float scale, float* out) {
+  AttendHeads(queries, heads, keys, values, tokens, head_dim, scale, out);
+}
+void DenseAttentionF16Impl(const float* queries, int heads, const uint16_t* keys,
+                           const uint16_t* values, size_t tokens, int head_dim, float scale,
+                           float* out) {
+  AttendHeads(queries, heads, keys, values, tokens, head_dim, scale, out);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace kvarn::bench
 HWY_AFTER_NAMESPACE();
@@ -139,10 +159,17 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace kvarn::bench {
 HWY_EXPORT(DenseAttentionImpl);
+HWY_EXPORT(DenseAttentionF16Impl);
 
 void DenseAttention(const float* queries, int heads, const float* keys, const float* values,
                     size_t tokens, int head_dim, float scale, float* out) {
   HWY_DYNAMIC_DISPATCH(DenseAttentionImpl)
+  (queries, heads, keys, values, tokens, head_dim, scale, out);
+}
+void DenseAttentionF16(const float* queries, int heads, const uint16_t* keys,
+                       const uint16_t* values, size_t tokens, int head_dim, float scale,
+                       float* out) {
+  HWY_DYNAMIC_DISPATCH(DenseAttentionF16Impl)
   (queries, heads, keys, values, tokens, head_dim, scale, out);
 }
 }  // namespace kvarn::bench

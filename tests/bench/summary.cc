@@ -27,7 +27,8 @@ void SummaryReporter::ReportRuns(const std::vector<Run>& runs) {
     if (run.run_type != Run::RT_Iteration && !median) continue;
     const std::string name = run.run_name.function_name;  // as registered, without suffixes
     // An aggregate's accumulated time is the statistic of the repetitions' accumulated times.
-    (median ? median_seconds_ : seconds_)[name].push_back(run.real_accumulated_time /
+    // CPU time, the clock Google Benchmark's rate counters (bytes_per_second) use too.
+    (median ? median_seconds_ : seconds_)[name].push_back(run.cpu_accumulated_time /
                                                           static_cast<double>(run.iterations));
     for (const auto& [counter, value] : run.counters) {
       (median ? median_counters_ : counters_)[name + "/" + counter].push_back(value.value);

@@ -22,6 +22,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
   // the repetitions, or Google Benchmark's median aggregate when only aggregates are reported.
   // nullopt when it did not run (filtered out, or it failed).
   std::optional<double> BytesPerSecond(const std::string& name) const;
+  // CPU seconds per iteration: the same clock as BytesPerSecond.
   std::optional<double> SecondsPerIteration(const std::string& name) const;
   // A user counter of a benchmark, median over repetitions.
   std::optional<double> Counter(const std::string& name, const std::string& counter) const;
