@@ -98,7 +98,8 @@ CodecStatus Codec::DecodeFp16Tile(const Preset& preset, int head_dim, const uint
 
 CodecStatus Codec::AttendDecode(const Preset& preset, int head_dim, const float* queries,
                                 int num_queries, const SequenceView& seq, float* out,
-                                float softmax_scale, float* lse) const {
+                                float softmax_scale, float* lse,
+                                AttendPrecision precision) const {
   KVARN_RETURN_IF_ERROR(CheckPresetAndDim(preset, head_dim));
   if (queries == nullptr || out == nullptr) return InvalidArgument("no query or output buffer");
   if (num_queries < 1 || num_queries > 64) {
@@ -121,7 +122,10 @@ CodecStatus Codec::AttendDecode(const Preset& preset, int head_dim, const float*
     if (!std::isfinite(queries[i])) return InvalidArgument("query holds NaN or Inf");
   }
   if (softmax_scale == 0.0f) softmax_scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  return kernels_->attend(preset, head_dim, queries, num_queries, seq, out, softmax_scale, lse);
+  const auto attend = precision == AttendPrecision::kFast && kernels_->attend_fast != nullptr
+                          ? kernels_->attend_fast
+                          : kernels_->attend;
+  return attend(preset, head_dim, queries, num_queries, seq, out, softmax_scale, lse);
 }
 
 }  // namespace kvarn

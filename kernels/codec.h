@@ -65,6 +65,16 @@ struct SequenceView {
   Fp16Run tail;
 };
 
+// How decode attention folds the quantized tiles.
+//  kExact: the fp32 fold of KVARN_SPEC.md §7; equals attention over DecodeTile's output up to
+//    fp32 accumulation (relative ~1e-6) on every implementation and target.
+//  kFast: what the implementation does fastest within the accuracy contract: the attention
+//    output's error against exact attention over the original K/V is at most 1% (relative)
+//    above kExact's (tests/kernels/attend_accuracy_test.cc). The SIMD codec uses integer dot
+//    products (an int8 query, u8 softmax weights) for kvarn_k4v2 presets at D = 128 on CPUs
+//    with AVX-512 VNNI; everywhere else kFast is kExact.
+enum class AttendPrecision { kFast, kExact };
+
 class Codec {
  public:
   static const Codec& Reference();
@@ -97,9 +107,11 @@ class Codec {
   // lse, when not null, receives [num_queries] natural-log sums of exp(scaled scores) over the
   // sequence: with it, attention over this sequence merges exactly with attention over more
   // tokens computed elsewhere (a decode step's own token, another split of the sequence).
+  // precision: see AttendPrecision; kFast results depend on the CPU.
   CodecStatus AttendDecode(const Preset& preset, int head_dim, const float* queries,
                            int num_queries, const SequenceView& seq, float* out,
-                           float softmax_scale = 0.0f, float* lse = nullptr) const;
+                           float softmax_scale = 0.0f, float* lse = nullptr,
+                           AttendPrecision precision = AttendPrecision::kFast) const;
 
   // Rotates n tokens of original-frame K/V, laid out [n][num_layers][num_kv_heads][head_dim]
   // (f32 or fp16 bits), into the storage frame and writes them as fp16 into an fp16 slot

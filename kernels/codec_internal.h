@@ -23,6 +23,10 @@ struct Codec::Kernels {
   // when they fail; shapes are checked by the front.
   CodecStatus (*store)(const Preset& preset, const BlockLayout& layout, uint8_t* slot, int first,
                        int n, const void* keys, const void* values, DType dtype);
+  // AttendPrecision::kFast, where it differs from attend (the exact fold); null: use attend.
+  CodecStatus (*attend_fast)(const Preset& preset, int head_dim, const float* queries,
+                             int num_queries, const SequenceView& seq, float* out,
+                             float softmax_scale, float* lse) = nullptr;
 };
 
 const Codec::Kernels& ReferenceKernels();

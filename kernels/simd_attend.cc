@@ -10,6 +10,14 @@
 //
 // The fp16 parts and the quantized tiles are reduced separately (two online-softmax states)
 // and merged once at the end with a log-sum-exp combine.
+//
+// Two paths over quantized tiles: the exact one (the fp32 fold, equal to attention over
+// DecodeTile's output to fp32 rounding) and, for kvarn_k4v2 records of D = 128 on CPUs with
+// AVX-512 VNNI, the fast one (simd_attend_int-inl.h): per tile and query head the folded query
+// q * a_K is rounded to int8 and the softmax weights p * a_V to u8, each with one scale, and
+// the dot products over the codes are integer. What the rounding drops on average (its sum
+// times the mean code, 7.5 or 1.5) is added back exactly with the offsets. Its extra error
+// against exact attention is far below the codec's own (tests/kernels/attend_accuracy_test.cc).
 
 // The codec's results must not depend on the compiler fusing a * b + c into one rounding:
 // every fused multiply-add is written out (MulAdd), and nothing else may be contracted.
@@ -25,6 +33,7 @@
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "kernels/simd-inl.h"
+#include "kernels/simd_attend_int-inl.h"
 // clang-format on
 
 #include <algorithm>
@@ -307,6 +316,132 @@ void AttendTile(const Preset& p, size_t d, int heads, const uint8_t* record, con
   }
 }
 
+#if KVARN_ATTEND_VNNI
+// Working memory of the fast path: D = 128, G <= 128, up to 64 query heads.
+struct IntScratch {
+  alignas(64) int8_t qi[64 * 128];    // [H][D] int8 folded queries, natural channel order
+  alignas(64) int32_t si[64 * 128];   // [H][G] integer scores, token-plane order
+  alignas(64) uint8_t wu[64 * 128];   // [H][G] u8 weights, natural token order
+  alignas(64) int32_t vi[64 * 128];   // [H][D] integer value sums, channel-plane order
+  float qscale[64], qres[64], wscale[64], wres[64];
+};
+
+bool FastPathApplies(const Preset& p, size_t d) {
+  return vnni::HasVnni() && p.key_bits == 4 && p.value_bits == 2 && d == 128 &&
+         p.tile_tokens % 64 == 0 && p.tile_tokens <= 128;
+}
+
+template <int H>
+void KeyDotsInt(const uint8_t* codes, size_t g, size_t d, const int8_t* qi, int32_t* si,
+                Prefetcher& pf) {
+  vnni::KeyDots<H>(codes, g, d, qi, si, pf);
+}
+template <int H>
+void ValueSumsInt(const uint8_t* codes, size_t g, const uint8_t* wu, int32_t* vi, Prefetcher& pf) {
+  vnni::ValueSums<H>(codes, g, wu, vi, pf);
+}
+
+// AttendTile with integer dot products (see the top of the file).
+void AttendTileFast(const Preset& p, size_t d, int heads, const uint8_t* record,
+                    const uint8_t* next, const RecordLayout& l, float scale, AttendScratch& s,
+                    IntScratch& is, SoftmaxState& st) {
+  const DF df;
+  const size_t N = hn::Lanes(df), g = static_cast<size_t>(p.tile_tokens);
+  float* HWY_RESTRICT a_k = s.a_k.get();
+  float* HWY_RESTRICT b_k = s.b_k.get();
+  float* HWY_RESTRICT r_k = s.r_k.get();
+  float* HWY_RESTRICT a_v = s.a_v.get();
+  float* HWY_RESTRICT b_v = s.b_v.get();
+  float* HWY_RESTRICT c_v = s.c_v.get();
+  const float* HWY_RESTRICT queries = s.q.get();
+  float* HWY_RESTRICT w = s.w.get();
+  float* HWY_RESTRICT scores = s.scores.get();
+  float* HWY_RESTRICT acc_q = s.acc_q.get();
+  Prefetcher prefetch(next, l.total);
+  WidenHalves(record + l.k_a, d, a_k);
+  WidenHalves(record + l.k_b, d, b_k);
+  WidenPlaneOrder(record + l.k_r, g, p.key_bits, r_k);
+  WidenPlaneOrder(record + l.v_a, g, p.key_bits, a_v);
+  WidenPlaneOrder(record + l.v_b, g, p.key_bits, b_v);
+  WidenPlaneOrder(record + l.v_c, d, p.value_bits, c_v);
+
+  float beta[64];
+  for (int h = 0; h < heads; ++h) {
+    const float* HWY_RESTRICT q = queries + h * d;
+    VF bsum = hn::Zero(df);
+    for (size_t c = 0; c < d; c += N) {
+      const VF qv = hn::LoadU(df, q + c);
+      hn::StoreU(hn::Mul(qv, hn::LoadU(df, a_k + c)), df, w + h * d + c);
+      bsum = hn::MulAdd(qv, hn::LoadU(df, b_k + c), bsum);
+    }
+    is.qscale[h] = vnni::QuantizeQuery(w + h * d, d, is.qi + h * d, &is.qres[h]);
+    beta[h] = ReduceSum(bsum) + 7.5f * is.qres[h];  // the mean key code is 7.5
+  }
+  for (int h0 = 0; h0 < heads; h0 += kMaxHeadBlock) {
+    const int hb = std::min(kMaxHeadBlock, heads - h0);
+    const uint8_t* codes = record + l.k_codes;
+    const int8_t* qi = is.qi + h0 * d;
+    int32_t* si = is.si + h0 * g;
+    switch (hb) {
+      case 1: KeyDotsInt<1>(codes, g, d, qi, si, prefetch); break;
+      case 2: KeyDotsInt<2>(codes, g, d, qi, si, prefetch); break;
+      case 3: KeyDotsInt<3>(codes, g, d, qi, si, prefetch); break;
+      default: KeyDotsInt<4>(codes, g, d, qi, si, prefetch); break;
+    }
+  }
+
+  float rescale[64], pb[64];
+  for (int h = 0; h < heads; ++h) {
+    float* HWY_RESTRICT sc = scores + h * g;
+    const int32_t* HWY_RESTRICT si = is.si + h * g;
+    const VF bv = hn::Set(df, beta[h]), scv = hn::Set(df, scale), qs = hn::Set(df, is.qscale[h]);
+    VF mx = hn::Set(df, -HUGE_VALF);
+    for (size_t i = 0; i < g; i += N) {
+      const VF dot = hn::Mul(hn::ConvertTo(df, hn::LoadU(DI(), si + i)), qs);
+      const VF x = hn::Mul(hn::Mul(hn::Add(dot, bv), hn::LoadU(df, r_k + i)), scv);
+      hn::StoreU(x, df, sc + i);
+      mx = hn::Max(mx, x);
+    }
+    const float m_new = std::max(st.max[h], ReduceMax(mx));
+    rescale[h] = std::exp(st.max[h] - m_new);
+    st.max[h] = m_new;
+    const VF mv = hn::Set(df, m_new);
+    VF psum = hn::Zero(df), bsum = hn::Zero(df);
+    for (size_t i = 0; i < g; i += N) {
+      const VF pr = hn::Exp(df, hn::Sub(hn::LoadU(df, sc + i), mv));
+      psum = hn::Add(psum, pr);
+      bsum = hn::MulAdd(pr, hn::LoadU(df, b_v + i), bsum);
+      hn::StoreU(hn::Mul(pr, hn::LoadU(df, a_v + i)), df, sc + i);  // p * a_V
+    }
+    st.sum[h] = st.sum[h] * rescale[h] + ReduceSum(psum);
+    is.wscale[h] = vnni::QuantizeWeights(sc, g, is.wu + h * g, &is.wres[h]);
+    pb[h] = ReduceSum(bsum) + 1.5f * is.wres[h];  // the mean value code is 1.5
+  }
+  for (int h0 = 0; h0 < heads; h0 += kMaxHeadBlock) {
+    const int hb = std::min(kMaxHeadBlock, heads - h0);
+    const uint8_t* codes = record + l.v_codes;
+    const uint8_t* wu = is.wu + h0 * g;
+    int32_t* vi = is.vi + h0 * d;
+    switch (hb) {
+      case 1: ValueSumsInt<1>(codes, g, wu, vi, prefetch); break;
+      case 2: ValueSumsInt<2>(codes, g, wu, vi, prefetch); break;
+      case 3: ValueSumsInt<3>(codes, g, wu, vi, prefetch); break;
+      default: ValueSumsInt<4>(codes, g, wu, vi, prefetch); break;
+    }
+  }
+  for (int h = 0; h < heads; ++h) {
+    float* HWY_RESTRICT acc = acc_q + h * d;
+    const int32_t* HWY_RESTRICT vi = is.vi + h * d;
+    const VF rs = hn::Set(df, rescale[h]), pbv = hn::Set(df, pb[h]), ws = hn::Set(df, is.wscale[h]);
+    for (size_t c = 0; c < d; c += N) {
+      const VF sum = hn::Mul(hn::ConvertTo(df, hn::LoadU(DI(), vi + c)), ws);
+      const VF add = hn::Mul(hn::Add(sum, pbv), hn::LoadU(df, c_v + c));
+      hn::StoreU(hn::MulAdd(hn::LoadU(df, acc + c), rs, add), df, acc + c);
+    }
+  }
+}
+#endif  // KVARN_ATTEND_VNNI
+
 // Folds fp16 tokens (storage frame) into the fp16 softmax state and its natural-order
 // accumulator.
 void AttendFp16(size_t d, int heads, const uint16_t* keys, const uint16_t* values, size_t tokens,
@@ -350,7 +485,7 @@ void AttendFp16(size_t d, int heads, const uint16_t* keys, const uint16_t* value
 }
 
 CodecStatus AttendImpl(const Preset& preset, int head_dim, const float* queries, int heads,
-                       const SequenceView& seq, float* out, float scale, float* lse) {
+                       const SequenceView& seq, float* out, float scale, float* lse, bool exact) {
   const DF df;
   const size_t N = hn::Lanes(df), d = static_cast<size_t>(head_dim);
   const size_t g = static_cast<size_t>(preset.tile_tokens);
@@ -381,7 +516,20 @@ CodecStatus AttendImpl(const Preset& preset, int head_dim, const float* queries,
     PlanePermutation(d, preset.value_bits, s.ch_perm.get());
     const RecordLayout l = preset.Layout(head_dim);
     const TileDotsFn dots = SelectTileDots(preset.key_bits, preset.value_bits);
-    for (size_t i = 0; i < seq.tiles.size(); ++i) {
+    bool fast = false;
+#if KVARN_ATTEND_VNNI
+    fast = !exact && FastPathApplies(preset, d);
+    if (fast) {
+      thread_local IntScratch is;
+      for (size_t i = 0; i < seq.tiles.size(); ++i) {
+        const uint8_t* next = i + 1 < seq.tiles.size() ? seq.tiles[i + 1] : nullptr;
+        AttendTileFast(preset, d, heads, seq.tiles[i], next, l, scale, s, is, tile_state);
+      }
+    }
+#else
+    (void)exact;
+#endif
+    for (size_t i = 0; !fast && i < seq.tiles.size(); ++i) {
       const uint8_t* next = i + 1 < seq.tiles.size() ? seq.tiles[i + 1] : nullptr;
       AttendTile(preset, d, heads, seq.tiles[i], next, l, scale, dots, s, tile_state);
     }
@@ -411,7 +559,11 @@ CodecStatus AttendImpl(const Preset& preset, int head_dim, const float* queries,
 
 CodecStatus AttendEntry(const Preset& preset, int head_dim, const float* queries, int heads,
                         const SequenceView& seq, float* out, float scale, float* lse) {
-  return AttendImpl(preset, head_dim, queries, heads, seq, out, scale, lse);
+  return AttendImpl(preset, head_dim, queries, heads, seq, out, scale, lse, /*exact=*/true);
+}
+CodecStatus AttendFastEntry(const Preset& preset, int head_dim, const float* queries, int heads,
+                            const SequenceView& seq, float* out, float scale, float* lse) {
+  return AttendImpl(preset, head_dim, queries, heads, seq, out, scale, lse, /*exact=*/false);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -421,11 +573,18 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace kvarn {
 HWY_EXPORT(AttendEntry);
+HWY_EXPORT(AttendFastEntry);
 
 CodecStatus SimdAttend(const Preset& preset, int head_dim, const float* queries, int num_queries,
                        const SequenceView& seq, float* out, float softmax_scale, float* lse) {
   return HWY_DYNAMIC_DISPATCH(AttendEntry)(preset, head_dim, queries, num_queries, seq, out,
                                            softmax_scale, lse);
+}
+CodecStatus SimdAttendFast(const Preset& preset, int head_dim, const float* queries,
+                           int num_queries, const SequenceView& seq, float* out,
+                           float softmax_scale, float* lse) {
+  return HWY_DYNAMIC_DISPATCH(AttendFastEntry)(preset, head_dim, queries, num_queries, seq, out,
+                                               softmax_scale, lse);
 }
 }  // namespace kvarn
 #endif

@@ -200,6 +200,9 @@ CodecStatus SimdEncode(const Preset& preset, int head_dim, const TileIn& in, uin
                        int iterations);
 CodecStatus SimdAttend(const Preset& preset, int head_dim, const float* queries, int num_queries,
                        const SequenceView& seq, float* out, float softmax_scale, float* lse);
+CodecStatus SimdAttendFast(const Preset& preset, int head_dim, const float* queries,
+                           int num_queries, const SequenceView& seq, float* out,
+                           float softmax_scale, float* lse);
 
 namespace {
 CodecStatus SimdDecode(const Preset& preset, int head_dim, const uint8_t* record,
@@ -210,7 +213,7 @@ CodecStatus SimdDecode(const Preset& preset, int head_dim, const uint8_t* record
 
 const Codec::Kernels& SimdKernels() {
   static const Codec::Kernels kernels{&SimdTargetName, &SimdEncode, &SimdDecode, &SimdAttend,
-                                      &SimdStoreTokens};
+                                      &SimdStoreTokens, &SimdAttendFast};
   return kernels;
 }
 

@@ -19,6 +19,10 @@ namespace {
 using test::Gaussian;
 using test::MustParse;
 
+// These tests hold the exact fold to its definition; the fast path's accuracy contract is
+// tests/kernels/attend_accuracy_test.cc's.
+constexpr AttendPrecision kExact = AttendPrecision::kExact;
+
 // The K/V of one kv-head as AttendDecode sees it, owning its memory: up to kMaxTiles tiles
 // encoded by the codec under test, and fp16 sink and tail in the storage frame.
 class Sequence {
@@ -175,7 +179,8 @@ TEST_P(AttendTest, FusedAttentionEqualsDequantizeThenAttend) {
                        << "D=" << d << " sink=" << sink << " tiles=" << tiles << " tail=" << tail);
           std::vector<float> out(static_cast<size_t>(kHeads) * d);
           const CodecStatus s =
-              codec().AttendDecode(p, d, q.data(), kHeads, seq.View(sink, tiles, tail), out.data());
+              codec().AttendDecode(p, d, q.data(), kHeads, seq.View(sink, tiles, tail), out.data(),
+                                   0.0f, nullptr, kExact);
           ASSERT_TRUE(s.ok()) << s.ToString();
           const std::vector<double> want =
               seq.Expected(q.data(), kHeads, sink, tiles, tail, 1.0 / std::sqrt(d));
@@ -200,14 +205,14 @@ TEST_P(AttendTest, LseIsTheSoftmaxDenominatorAndSplitsMergeExactly) {
     std::vector<float> whole(kHeads * d), head(kHeads * d), rest(kHeads * d);
     std::vector<float> lse_whole(kHeads), lse_head(kHeads), lse_rest(kHeads);
     ASSERT_TRUE(codec().AttendDecode(p, d, q.data(), kHeads, seq.View(g, 2, 7), whole.data(), 0.0f,
-                                     lse_whole.data()).ok());
+                                     lse_whole.data(), kExact).ok());
     const std::vector<double> want = seq.ExpectedLse(q.data(), kHeads, g, 2, 7, scale);
     for (int h = 0; h < kHeads; ++h) EXPECT_NEAR(lse_whole[h], want[h], 1e-4 * std::max(1.0, std::fabs(want[h])));
     // Split: sink and tiles | tail.
     ASSERT_TRUE(codec().AttendDecode(p, d, q.data(), kHeads, seq.View(g, 2, 0), head.data(), 0.0f,
-                                     lse_head.data()).ok());
+                                     lse_head.data(), kExact).ok());
     ASSERT_TRUE(codec().AttendDecode(p, d, q.data(), kHeads, seq.View(0, 0, 7), rest.data(), 0.0f,
-                                     lse_rest.data()).ok());
+                                     lse_rest.data(), kExact).ok());
     std::vector<float> merged(kHeads * d);
     for (int h = 0; h < kHeads; ++h) {
       const double m = std::max(lse_head[h], lse_rest[h]);
@@ -230,16 +235,16 @@ TEST_P(AttendTest, UsesAnExplicitSoftmaxScale) {
   for (float scale : {0.045f, 0.3f}) {  // half and 3.4x the default 1/sqrt(128)
     SCOPED_TRACE(scale);
     std::vector<float> out(heads * d);
-    ASSERT_TRUE(codec().AttendDecode(p, d, q.data(), heads, view, out.data(), scale).ok());
+    ASSERT_TRUE(codec().AttendDecode(p, d, q.data(), heads, view, out.data(), scale, nullptr, kExact).ok());
     const std::vector<double> want = seq.Expected(q.data(), heads, p.tile_tokens, 2, 9, scale);
     EXPECT_LT(WorstHeadError(out, want, heads, d), 1e-5);
   }
   // 0 means 1/sqrt(D).
   std::vector<float> by_default(heads * d), explicit_scale(heads * d);
-  ASSERT_TRUE(codec().AttendDecode(p, d, q.data(), heads, view, by_default.data()).ok());
+  ASSERT_TRUE(codec().AttendDecode(p, d, q.data(), heads, view, by_default.data(), 0.0f, nullptr, kExact).ok());
   ASSERT_TRUE(codec()
                   .AttendDecode(p, d, q.data(), heads, view, explicit_scale.data(),
-                                1.0f / std::sqrt(128.0f))
+                                1.0f / std::sqrt(128.0f), nullptr, kExact)
                   .ok());
   EXPECT_LT(test::RelL2(by_default.data(), explicit_scale.data(), by_default.size()), 1e-6);
 }
@@ -251,10 +256,10 @@ TEST_P(AttendTest, IsInvariantToTheOrderOfTiles) {
   const std::vector<float> q = Gaussian(heads * d, 9, 2.0f);
   SequenceView view = seq.View(p.tile_tokens, Sequence::kMaxTiles, 3);
   std::vector<float> forward(heads * d), backward(heads * d);
-  ASSERT_TRUE(codec().AttendDecode(p, d, q.data(), heads, view, forward.data()).ok());
+  ASSERT_TRUE(codec().AttendDecode(p, d, q.data(), heads, view, forward.data(), 0.0f, nullptr, kExact).ok());
   std::vector<const uint8_t*> reversed(seq.tile_ptrs().rbegin(), seq.tile_ptrs().rend());
   view.tiles = reversed;
-  ASSERT_TRUE(codec().AttendDecode(p, d, q.data(), heads, view, backward.data()).ok());
+  ASSERT_TRUE(codec().AttendDecode(p, d, q.data(), heads, view, backward.data(), 0.0f, nullptr, kExact).ok());
   EXPECT_LT(test::RelL2(backward.data(), forward.data(), forward.size()), 1e-5);
 }
 
@@ -272,13 +277,15 @@ TEST_P(AttendTest, AGroupOfQueryHeadsEqualsOneHeadAtATime) {
     std::vector<float> single(static_cast<size_t>(most) * d);
     for (int h = 0; h < most; ++h) {
       const CodecStatus s = codec().AttendDecode(p, d, &q[static_cast<size_t>(h) * d], 1, view,
-                                                 &single[static_cast<size_t>(h) * d]);
+                                                 &single[static_cast<size_t>(h) * d], 0.0f,
+                                                 nullptr, kExact);
       ASSERT_TRUE(s.ok()) << s.ToString();
     }
     for (int heads : groups) {
       SCOPED_TRACE(::testing::Message() << "D=" << d << " heads=" << heads);
       std::vector<float> group(static_cast<size_t>(heads) * d);
-      const CodecStatus s = codec().AttendDecode(p, d, q.data(), heads, view, group.data());
+      const CodecStatus s = codec().AttendDecode(p, d, q.data(), heads, view, group.data(), 0.0f,
+                                                 nullptr, kExact);
       ASSERT_TRUE(s.ok()) << s.ToString();
       for (int h = 0; h < heads; ++h) {
         EXPECT_LT(

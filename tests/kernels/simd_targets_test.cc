@@ -145,8 +145,10 @@ TEST_P(SimdTargetTest, AttendsLikeTheReference) {
       seq.tail = {fk.data(), fv.data(), g - 1};
       const std::vector<float> q = Gaussian(static_cast<size_t>(kHeads) * d, 9, 1.5f);
       std::vector<float> want(kHeads * static_cast<size_t>(d)), got(want.size());
-      ASSERT_TRUE(Codec::Reference().AttendDecode(p, d, q.data(), kHeads, seq, want.data()).ok());
-      ASSERT_TRUE(Codec::Simd().AttendDecode(p, d, q.data(), kHeads, seq, got.data()).ok());
+      ASSERT_TRUE(Codec::Reference().AttendDecode(p, d, q.data(), kHeads, seq, want.data(), 0.0f,
+                                                    nullptr, AttendPrecision::kExact).ok());
+      ASSERT_TRUE(Codec::Simd().AttendDecode(p, d, q.data(), kHeads, seq, got.data(), 0.0f, nullptr,
+                                               AttendPrecision::kExact).ok());
       EXPECT_LT(test::RelL2(got.data(), want.data(), want.size()), 1e-5);
     }
   }

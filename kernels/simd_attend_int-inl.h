@@ -1,0 +1,230 @@
+// Integer dot products of decode attention (KVARN_SPEC.md §7) for x86 CPUs with AVX-512 VNNI
+// and VBMI: the 4-bit key codes against an int8 query, and the 2-bit value codes against u8
+// softmax weights, 64 multiply-adds per instruction (vpdpbusd) where the fp32 fold does 16.
+//
+// Highway 1.0 has no VNNI target (AVX3_DL is not compiled here) and no op for it, so these
+// kernels are intrinsics under a function target attribute, compiled into the AVX3 target
+// only, and used only when the CPU reports both extensions (HasVnni()); every other target
+// keeps the fp32 fold.
+//
+// Both kernels work in the plane order of simd_attend.cc for 16 float lanes: key scores come
+// out in token-plane order (position 32*chunk + 16*plane + lane holds token
+// 2*(16*chunk + lane) + plane), value sums in channel-plane order (position
+// 64*chunk + 16*plane + lane holds channel 4*(16*chunk + lane) + plane), so the fp32
+// bookkeeping around them is the exact path's.
+//
+// Include guard in Highway's per-target form: this header is re-included once per target.
+#if defined(KVARN_KERNELS_SIMD_ATTEND_INT_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef KVARN_KERNELS_SIMD_ATTEND_INT_INL_H_
+#undef KVARN_KERNELS_SIMD_ATTEND_INT_INL_H_
+#else
+#define KVARN_KERNELS_SIMD_ATTEND_INT_INL_H_
+#endif
+
+#include <cstddef>
+#include <cstdint>
+
+#include "hwy/highway.h"
+
+#undef KVARN_ATTEND_VNNI
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL) && \
+    (defined(__GNUC__) || defined(__clang__))
+#define KVARN_ATTEND_VNNI 1
+#include <immintrin.h>
+#else
+#define KVARN_ATTEND_VNNI 0
+#endif
+
+#if KVARN_ATTEND_VNNI
+#ifndef KVARN_VNNI_ATTR
+#define KVARN_VNNI_ATTR                                                                     \
+  __attribute__((target("avx2,fma,f16c,bmi,bmi2,avx512f,avx512vl,avx512dq,avx512bw,avx512cd," \
+                        "avx512vnni,avx512vbmi")))
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace kvarn {
+namespace HWY_NAMESPACE {
+namespace vnni {
+
+// Both extensions, asked of the CPU once.
+inline bool HasVnni() {
+  static const bool has = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
+  return has;
+}
+
+// Byte 4j+i of the result is byte j (+16 for the upper half) of row i, the rows being the
+// four 32-byte quarters of a 128-byte (first operand, second operand) pair: a 4x4 byte
+// transpose that puts one byte of each of four rows in every dword.
+alignas(64) inline constexpr uint8_t kQuadIndex[2][64] = {
+    {0,  32, 64, 96,  1,  33, 65, 97,  2,  34, 66, 98,  3,  35, 67, 99,
+     4,  36, 68, 100, 5,  37, 69, 101, 6,  38, 70, 102, 7,  39, 71, 103,
+     8,  40, 72, 104, 9,  41, 73, 105, 10, 42, 74, 106, 11, 43, 75, 107,
+     12, 44, 76, 108, 13, 45, 77, 109, 14, 46, 78, 110, 15, 47, 79, 111},
+    {16, 48, 80, 112, 17, 49, 81, 113, 18, 50, 82, 114, 19, 51, 83, 115,
+     20, 52, 84, 116, 21, 53, 85, 117, 22, 54, 86, 118, 23, 55, 87, 119,
+     24, 56, 88, 120, 25, 57, 89, 121, 26, 58, 90, 122, 27, 59, 91, 123,
+     28, 60, 92, 124, 29, 61, 93, 125, 30, 62, 94, 126, 31, 63, 95, 127}};
+
+// out[h][pos] = sum_c qi[h][c] * qK[c][t(pos)] in token-plane order, for H query heads.
+// codes: the record's [d][g/2] key codes; qi: [H][d] int8, natural channel order (each dword
+// holds channels 4k..4k+3, the layout the transpose gives the codes). g a multiple of 64.
+// pf.Step() is called twice per step to fetch the next record on the way.
+template <int H, class Prefetch>
+KVARN_VNNI_ATTR void KeyDots(const uint8_t* HWY_RESTRICT codes, size_t g, size_t d,
+                             const int8_t* HWY_RESTRICT qi, int32_t* HWY_RESTRICT out,
+                             Prefetch& pf) {
+  const size_t row_bytes = g / 2;
+  const __m512i idx0 = _mm512_load_si512(kQuadIndex[0]);
+  const __m512i idx1 = _mm512_load_si512(kQuadIndex[1]);
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (size_t half = 0; half < row_bytes; half += 32) {  // 64 tokens per pass
+    __m512i acc[H][4];
+    for (int h = 0; h < H; ++h) {
+      for (int j = 0; j < 4; ++j) acc[h][j] = _mm512_setzero_si512();
+    }
+    for (size_t c = 0; c < d; c += 4) {
+      pf.Step();
+      pf.Step();
+      const uint8_t* r = codes + c * row_bytes + half;
+      const __m512i a = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r))),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + row_bytes)), 1);
+      const __m512i b = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 2 * row_bytes))),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 3 * row_bytes)), 1);
+      const __m512i x0 = _mm512_permutex2var_epi8(a, idx0, b);  // bytes 0..15 of the pass
+      const __m512i x1 = _mm512_permutex2var_epi8(a, idx1, b);  // bytes 16..31
+      const __m512i k0 = _mm512_and_si512(x0, low);                        // even tokens
+      const __m512i k1 = _mm512_and_si512(_mm512_srli_epi16(x0, 4), low);  // odd tokens
+      const __m512i k2 = _mm512_and_si512(x1, low);
+      const __m512i k3 = _mm512_and_si512(_mm512_srli_epi16(x1, 4), low);
+      for (int h = 0; h < H; ++h) {
+        int32_t qd;
+        __builtin_memcpy(&qd, qi + h * d + c, 4);
+        const __m512i qv = _mm512_set1_epi32(qd);
+        acc[h][0] = _mm512_dpbusd_epi32(acc[h][0], k0, qv);
+        acc[h][1] = _mm512_dpbusd_epi32(acc[h][1], k1, qv);
+        acc[h][2] = _mm512_dpbusd_epi32(acc[h][2], k2, qv);
+        acc[h][3] = _mm512_dpbusd_epi32(acc[h][3], k3, qv);
+      }
+    }
+    // The pass's bytes j hold tokens 2j, 2j+1: chunk (half/16 + j/16), plane 0 or 1.
+    for (int h = 0; h < H; ++h) {
+      int32_t* o = out + h * g + 2 * half;
+      for (int j = 0; j < 4; ++j) _mm512_storeu_si512(o + 16 * j, acc[h][j]);
+    }
+  }
+}
+
+// out[h][pos] = sum_t w[h][t] * qV[t][c(pos)] in channel-plane order, for H query heads and
+// d = 128 channels. codes: the record's [g][32] value codes (2 bits); w: [H][g] u8 weights in
+// natural token order (each dword holds tokens 4k..4k+3, the layout the transpose gives the
+// codes). g a multiple of 4.
+template <int H, class Prefetch>
+KVARN_VNNI_ATTR void ValueSums(const uint8_t* HWY_RESTRICT codes, size_t g,
+                               const uint8_t* HWY_RESTRICT w, int32_t* HWY_RESTRICT out,
+                               Prefetch& pf) {
+  constexpr size_t kRowBytes = 32;
+  const __m512i mask = _mm512_set1_epi8(0x03);
+  for (int chunk = 0; chunk < 2; ++chunk) {  // channels 0..63, then 64..127
+    const __m512i idx = _mm512_load_si512(kQuadIndex[chunk]);
+    __m512i acc[H][4];
+    for (int h = 0; h < H; ++h) {
+      for (int j = 0; j < 4; ++j) acc[h][j] = _mm512_setzero_si512();
+    }
+    for (size_t t = 0; t < g; t += 4) {
+      pf.Step();
+      pf.Step();
+      const uint8_t* r = codes + t * kRowBytes;
+      const __m512i a = _mm512_loadu_si512(r);       // tokens t, t+1
+      const __m512i b = _mm512_loadu_si512(r + 64);  // tokens t+2, t+3
+      const __m512i x = _mm512_permutex2var_epi8(a, idx, b);
+      const __m512i v0 = _mm512_and_si512(x, mask);
+      const __m512i v1 = _mm512_and_si512(_mm512_srli_epi16(x, 2), mask);
+      const __m512i v2 = _mm512_and_si512(_mm512_srli_epi16(x, 4), mask);
+      const __m512i v3 = _mm512_and_si512(_mm512_srli_epi16(x, 6), mask);
+      for (int h = 0; h < H; ++h) {
+        int32_t wd;
+        __builtin_memcpy(&wd, w + h * g + t, 4);
+        const __m512i wv = _mm512_set1_epi32(wd);
+        acc[h][0] = _mm512_dpbusd_epi32(acc[h][0], wv, v0);
+        acc[h][1] = _mm512_dpbusd_epi32(acc[h][1], wv, v1);
+        acc[h][2] = _mm512_dpbusd_epi32(acc[h][2], wv, v2);
+        acc[h][3] = _mm512_dpbusd_epi32(acc[h][3], wv, v3);
+      }
+    }
+    for (int h = 0; h < H; ++h) {
+      int32_t* o = out + h * 128 + 64 * chunk;
+      for (int j = 0; j < 4; ++j) _mm512_storeu_si512(o + 16 * j, acc[h][j]);
+    }
+  }
+}
+
+// Rounds x[0..n) (natural order) to int8 with one scale, max|x| / 127. Returns the scale and
+// in *residual the sum of x - scale * q, the part of sum_c x[c] * code[c] that the mean code
+// carries and the caller adds back. n a multiple of 16.
+KVARN_VNNI_ATTR inline float QuantizeQuery(const float* HWY_RESTRICT x, size_t n,
+                                           int8_t* HWY_RESTRICT q, float* residual) {
+  __m512 mx = _mm512_setzero_ps();
+  for (size_t i = 0; i < n; i += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+  const float m = _mm512_reduce_max_ps(mx);
+  if (!(m > 0.0f)) {
+    for (size_t i = 0; i < n; ++i) q[i] = 0;
+    *residual = 0.0f;
+    return 0.0f;
+  }
+  const float scale = m / 127.0f;
+  const __m512 inv = _mm512_set1_ps(127.0f / m), sv = _mm512_set1_ps(scale);
+  __m512 res = _mm512_setzero_ps();
+  for (size_t i = 0; i < n; i += 16) {
+    const __m512 xv = _mm512_loadu_ps(x + i);
+    const __m512i qv = _mm512_cvtps_epi32(_mm512_mul_ps(xv, inv));  // nearest even
+    res = _mm512_add_ps(res, _mm512_sub_ps(xv, _mm512_mul_ps(_mm512_cvtepi32_ps(qv), sv)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtsepi32_epi8(qv));
+  }
+  *residual = _mm512_reduce_add_ps(res);
+  return scale;
+}
+
+// Rounds x[0..g) >= 0, given in token-plane order, to u8 in natural token order with one
+// scale, max(x) / 255. Returns the scale and in *residual the sum of x - scale * w (see
+// QuantizeQuery). g a multiple of 32.
+KVARN_VNNI_ATTR inline float QuantizeWeights(const float* HWY_RESTRICT x, size_t g,
+                                             uint8_t* HWY_RESTRICT w, float* residual) {
+  __m512 mx = _mm512_setzero_ps();
+  for (size_t i = 0; i < g; i += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(x + i));
+  const float m = _mm512_reduce_max_ps(mx);
+  if (!(m > 0.0f)) {
+    for (size_t i = 0; i < g; ++i) w[i] = 0;
+    *residual = 0.0f;
+    return 0.0f;
+  }
+  const float scale = m / 255.0f;
+  const __m512 inv = _mm512_set1_ps(255.0f / m), sv = _mm512_set1_ps(scale);
+  // Natural tokens 32k + 2l + plane: interleave the two planes of each chunk.
+  const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+  __m512 res = _mm512_setzero_ps();
+  for (size_t i = 0; i < g; i += 32) {
+    const __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, inv));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, inv));
+    res = _mm512_add_ps(res, _mm512_sub_ps(x0, _mm512_mul_ps(_mm512_cvtepi32_ps(q0), sv)));
+    res = _mm512_add_ps(res, _mm512_sub_ps(x1, _mm512_mul_ps(_mm512_cvtepi32_ps(q1), sv)));
+    const __m512i n0 = _mm512_permutex2var_epi32(q0, lo, q1);
+    const __m512i n1 = _mm512_permutex2var_epi32(q0, hi, q1);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(w + i), _mm512_cvtusepi32_epi8(n0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(w + i + 16), _mm512_cvtusepi32_epi8(n1));
+  }
+  *residual = _mm512_reduce_add_ps(res);
+  return scale;
+}
+
+}  // namespace vnni
+}  // namespace HWY_NAMESPACE
+}  // namespace kvarn
+HWY_AFTER_NAMESPACE();
+#endif  // KVARN_ATTEND_VNNI
+
+#endif  // KVARN_KERNELS_SIMD_ATTEND_INT_INL_H_
