@@ -323,7 +323,7 @@ struct IntScratch {
   alignas(64) int32_t si[64 * 128];   // [H][G] integer scores, token-plane order
   alignas(64) uint8_t wu[64 * 128];   // [H][G] u8 weights, natural token order
   alignas(64) int32_t vi[64 * 128];   // [H][D] integer value sums, channel-plane order
-  float qscale[64], qres[64], wscale[64], wres[64];
+  float qscale[64], qres[64], wscale[64];
 };
 
 bool FastPathApplies(const Preset& p, size_t d) {
@@ -390,32 +390,21 @@ void AttendTileFast(const Preset& p, size_t d, int heads, const uint8_t* record,
     }
   }
 
+  float* HWY_RESTRICT rks = scores;  // r_K * scale, shared by the heads
+  for (size_t i = 0; i < g; i += N) {
+    hn::StoreU(hn::Mul(hn::LoadU(df, r_k + i), hn::Set(df, scale)), df, rks + i);
+  }
   float rescale[64], pb[64];
   for (int h = 0; h < heads; ++h) {
-    float* HWY_RESTRICT sc = scores + h * g;
-    const int32_t* HWY_RESTRICT si = is.si + h * g;
-    const VF bv = hn::Set(df, beta[h]), scv = hn::Set(df, scale), qs = hn::Set(df, is.qscale[h]);
-    VF mx = hn::Set(df, -HUGE_VALF);
-    for (size_t i = 0; i < g; i += N) {
-      const VF dot = hn::Mul(hn::ConvertTo(df, hn::LoadU(DI(), si + i)), qs);
-      const VF x = hn::Mul(hn::Mul(hn::Add(dot, bv), hn::LoadU(df, r_k + i)), scv);
-      hn::StoreU(x, df, sc + i);
-      mx = hn::Max(mx, x);
+    const int32_t* si = is.si + h * g;
+    uint8_t* wu = is.wu + h * g;
+    if (g == 128) {
+      vnni::SoftmaxWeights<8>(si, is.qscale[h], beta[h], rks, a_v, b_v, &st.max[h], &st.sum[h],
+                              &rescale[h], wu, &is.wscale[h], &pb[h]);
+    } else {
+      vnni::SoftmaxWeights<4>(si, is.qscale[h], beta[h], rks, a_v, b_v, &st.max[h], &st.sum[h],
+                              &rescale[h], wu, &is.wscale[h], &pb[h]);
     }
-    const float m_new = std::max(st.max[h], ReduceMax(mx));
-    rescale[h] = std::exp(st.max[h] - m_new);
-    st.max[h] = m_new;
-    const VF mv = hn::Set(df, m_new);
-    VF psum = hn::Zero(df), bsum = hn::Zero(df);
-    for (size_t i = 0; i < g; i += N) {
-      const VF pr = hn::Exp(df, hn::Sub(hn::LoadU(df, sc + i), mv));
-      psum = hn::Add(psum, pr);
-      bsum = hn::MulAdd(pr, hn::LoadU(df, b_v + i), bsum);
-      hn::StoreU(hn::Mul(pr, hn::LoadU(df, a_v + i)), df, sc + i);  // p * a_V
-    }
-    st.sum[h] = st.sum[h] * rescale[h] + ReduceSum(psum);
-    is.wscale[h] = vnni::QuantizeWeights(sc, g, is.wu + h * g, &is.wres[h]);
-    pb[h] = ReduceSum(bsum) + 1.5f * is.wres[h];  // the mean value code is 1.5
   }
   for (int h0 = 0; h0 < heads; h0 += kMaxHeadBlock) {
     const int hb = std::min(kMaxHeadBlock, heads - h0);

@@ -21,6 +21,8 @@
 #define KVARN_KERNELS_SIMD_ATTEND_INT_INL_H_
 #endif
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -187,38 +189,81 @@ KVARN_VNNI_ATTR inline float QuantizeQuery(const float* HWY_RESTRICT x, size_t n
   return scale;
 }
 
-// Rounds x[0..g) >= 0, given in token-plane order, to u8 in natural token order with one
-// scale, max(x) / 255. Returns the scale and in *residual the sum of x - scale * w (see
-// QuantizeQuery). g a multiple of 32.
-KVARN_VNNI_ATTR inline float QuantizeWeights(const float* HWY_RESTRICT x, size_t g,
-                                             uint8_t* HWY_RESTRICT w, float* residual) {
-  __m512 mx = _mm512_setzero_ps();
-  for (size_t i = 0; i < g; i += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(x + i));
-  const float m = _mm512_reduce_max_ps(mx);
-  if (!(m > 0.0f)) {
-    for (size_t i = 0; i < g; ++i) w[i] = 0;
-    *residual = 0.0f;
-    return 0.0f;
+// e^x for x <= 0 (and -inf): 2^(x log2 e) split into an integer and a fraction in
+// [-0.5, 0.5], whose power of two is a degree-6 Taylor polynomial (relative error < 3e-7);
+// vscalefps applies the integer part and underflows gracefully to 0.
+KVARN_VNNI_ATTR inline __m512 ExpNonPositive(__m512 x) {
+  const __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(y, n);
+  __m512 p = _mm512_set1_ps(1.5403530393381609e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// One query head's share of a tile after its key dots, in registers: scores
+// x = (qscale * si + beta) * rks (rks = r_K * softmax scale, token-plane order), the online
+// softmax update of (*max, *sum), and the weights p * a_V rounded to u8 in natural token
+// order (*wscale their scale). Returns in *rescale the factor for the accumulator and in *pb
+// sum_t p b_V plus what the weights' rounding drops on average (mean value code 1.5).
+template <size_t kVecs>  // g / 16, at most 8
+KVARN_VNNI_ATTR inline void SoftmaxWeights(const int32_t* HWY_RESTRICT si, float qscale, float beta,
+                                           const float* HWY_RESTRICT rks,
+                                           const float* HWY_RESTRICT a_v,
+                                           const float* HWY_RESTRICT b_v, float* max, float* sum,
+                                           float* rescale, uint8_t* HWY_RESTRICT w,
+                                           float* wscale, float* pb) {
+  const __m512 qs = _mm512_set1_ps(qscale), bv = _mm512_set1_ps(beta);
+  __m512 x[kVecs];
+  __m512 mx = _mm512_set1_ps(-HUGE_VALF);
+  for (size_t i = 0; i < kVecs; ++i) {
+    const __m512 dot = _mm512_cvtepi32_ps(_mm512_loadu_si512(si + 16 * i));
+    x[i] = _mm512_mul_ps(_mm512_fmadd_ps(dot, qs, bv), _mm512_loadu_ps(rks + 16 * i));
+    mx = _mm512_max_ps(mx, x[i]);
   }
-  const float scale = m / 255.0f;
-  const __m512 inv = _mm512_set1_ps(255.0f / m), sv = _mm512_set1_ps(scale);
-  // Natural tokens 32k + 2l + plane: interleave the two planes of each chunk.
-  const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
-  __m512 res = _mm512_setzero_ps();
-  for (size_t i = 0; i < g; i += 32) {
-    const __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);
-    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, inv));
-    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, inv));
-    res = _mm512_add_ps(res, _mm512_sub_ps(x0, _mm512_mul_ps(_mm512_cvtepi32_ps(q0), sv)));
-    res = _mm512_add_ps(res, _mm512_sub_ps(x1, _mm512_mul_ps(_mm512_cvtepi32_ps(q1), sv)));
-    const __m512i n0 = _mm512_permutex2var_epi32(q0, lo, q1);
-    const __m512i n1 = _mm512_permutex2var_epi32(q0, hi, q1);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(w + i), _mm512_cvtusepi32_epi8(n0));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(w + i + 16), _mm512_cvtusepi32_epi8(n1));
+  const float m_new = std::max(*max, _mm512_reduce_max_ps(mx));
+  *rescale = std::exp(*max - m_new);
+  *max = m_new;
+  const __m512 mv = _mm512_set1_ps(m_new);
+  __m512 psum = _mm512_setzero_ps(), bsum = _mm512_setzero_ps(), pmax = _mm512_setzero_ps();
+  for (size_t i = 0; i < kVecs; ++i) {
+    const __m512 pr = ExpNonPositive(_mm512_sub_ps(x[i], mv));
+    psum = _mm512_add_ps(psum, pr);
+    bsum = _mm512_fmadd_ps(pr, _mm512_loadu_ps(b_v + 16 * i), bsum);
+    x[i] = _mm512_mul_ps(pr, _mm512_loadu_ps(a_v + 16 * i));
+    pmax = _mm512_max_ps(pmax, x[i]);
   }
-  *residual = _mm512_reduce_add_ps(res);
-  return scale;
+  *sum = *sum * *rescale + _mm512_reduce_add_ps(psum);
+  const float m = _mm512_reduce_max_ps(pmax);
+  float residual = 0.0f, scale = 0.0f;
+  if (m > 0.0f) {
+    scale = m / 255.0f;
+    const __m512 inv = _mm512_set1_ps(255.0f / m), sv = _mm512_set1_ps(scale);
+    // Natural tokens 32k + 2l + plane: interleave the two planes of each chunk.
+    const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+    __m512 res = _mm512_setzero_ps();
+    for (size_t i = 0; i < kVecs; i += 2) {
+      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x[i], inv));  // nearest even
+      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x[i + 1], inv));
+      res = _mm512_add_ps(res, _mm512_fnmadd_ps(_mm512_cvtepi32_ps(q0), sv, x[i]));
+      res = _mm512_add_ps(res, _mm512_fnmadd_ps(_mm512_cvtepi32_ps(q1), sv, x[i + 1]));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(w + 16 * i),
+                       _mm512_cvtusepi32_epi8(_mm512_permutex2var_epi32(q0, lo, q1)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(w + 16 * i + 16),
+                       _mm512_cvtusepi32_epi8(_mm512_permutex2var_epi32(q0, hi, q1)));
+    }
+    residual = _mm512_reduce_add_ps(res);
+  } else {
+    for (size_t i = 0; i < 16 * kVecs; ++i) w[i] = 0;
+  }
+  *wscale = scale;
+  *pb = _mm512_reduce_add_ps(bsum) + 1.5f * residual;
 }
 
 }  // namespace vnni
