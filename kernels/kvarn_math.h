@@ -24,8 +24,16 @@ inline constexpr int kDefaultIterations = 8;
 
 KVARN_HD inline float ClampF(float x, float lo, float hi) { return fminf(fmaxf(x, lo), hi); }
 
+// exp and log of a float, rounded to float from the double-precision result (correctly
+// rounded but for double rounding, which cannot occur where the double lies more than a
+// double ulp from a float midpoint). Every implementation uses these (the SIMD codec a
+// vector version that defers to them near midpoints), so the scales are the same bits on
+// every target and on the GPU; docs/codec_arithmetic.md compares them with torch's.
+KVARN_HD inline float ExpF(float x) { return static_cast<float>(exp(static_cast<double>(x))); }
+KVARN_HD inline float LogF(float x) { return static_cast<float>(log(static_cast<double>(x))); }
+
 // The std used to update a log-scale: clamped to [1e-3, 1e3] before its log is taken.
-KVARN_HD inline float LogClampedStd(float std) { return logf(ClampF(std, kStdMin, kStdMax)); }
+KVARN_HD inline float LogClampedStd(float std) { return LogF(ClampF(std, kStdMin, kStdMax)); }
 
 // A log-scale after an update: clamped to [-0.3, 10].
 KVARN_HD inline float ClampLogScale(float l) { return ClampF(l, kLogScaleMin, kLogScaleMax); }
@@ -35,6 +43,31 @@ KVARN_HD inline float ClampLogScale(float l) { return ClampF(l, kLogScaleMin, kL
 KVARN_HD inline float StdFromShiftedMoments(double n, double s1, double s2) {
   const double var = (s2 - s1 * s1 / n) / (n - 1.0);
   return static_cast<float>(sqrt(var > 0.0 ? var : 0.0));
+}
+
+// The balancing std of n float values x[i * stride], in the one summation order every CPU
+// implementation uses (docs/codec_arithmetic.md): shifted by x[0], in double, y = x - x[0],
+// s1 += y and s2 = fma(y, y, s2) in `partials` interleaved accumulators (element i into
+// accumulator i % partials, in order of i), folded pairwise (acc[j] += acc[j + w] for
+// w = partials/2 .. 1). Sums over the channels of a token use kChannelPartials (one vector
+// of floats on the widest target), sums over the tokens of a channel one accumulator.
+inline constexpr int kChannelPartials = 16;
+KVARN_HD inline void FoldPartials(double* acc, int partials) {
+  for (int w = partials / 2; w >= 1; w /= 2) {
+    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
+  }
+}
+KVARN_HD inline float BalanceStd(const float* x, int n, int stride, int partials) {
+  double s1[kChannelPartials] = {}, s2[kChannelPartials] = {};
+  const double h = static_cast<double>(x[0]);
+  for (int i = 0; i < n; ++i) {
+    const double y = static_cast<double>(x[static_cast<long>(i) * stride]) - h;
+    s1[i % partials] += y;
+    s2[i % partials] = fma(y, y, s2[i % partials]);
+  }
+  FoldPartials(s1, partials);
+  FoldPartials(s2, partials);
+  return StdFromShiftedMoments(static_cast<double>(n), s1[0], s2[0]);
 }
 
 // One axis's share of Imb(X): max(std) / max(min(std), 1e-8).

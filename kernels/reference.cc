@@ -1,6 +1,8 @@
-// The scalar reference codec: KVARN_SPEC.md written out literally, one element at a time,
-// with standard deviations accumulated in double. Kept for tests; everything else runs
-// the SIMD codec (codec_simd.cc), which must agree with this one.
+// The scalar reference codec: KVARN_SPEC.md written out literally, one element at a time, in
+// fp32 in the order the formulas are written (cur = T / exp(Lc) / exp(Lr), B = T / Sc / Sr,
+// step = (hi - lo) / qmax, a = Sr * step), with standard deviations accumulated in double
+// (kvarn_math.h BalanceStd). Kept for tests; everything else runs the SIMD codec
+// (simd_encode.cc), which produces the same bits (docs/codec_arithmetic.md).
 #include <cassert>
 #include <cmath>
 #include <cstring>
@@ -33,28 +35,30 @@ void FwhtInPlace(float* x, int n) {
 
 namespace {
 
-// Bessel-corrected std of n values spaced `stride` apart, two-pass in double.
-float Std(const float* x, int n, int stride) {
-  double mean = 0.0;
-  for (int i = 0; i < n; ++i) mean += x[i * stride];
-  mean /= n;
-  double ss = 0.0;
-  for (int i = 0; i < n; ++i) {
-    const double d = x[i * stride] - mean;
-    ss += d * d;
-  }
-  return static_cast<float>(std::sqrt(ss / (n - 1)));
-}
-
 struct AxisStd {
   std::vector<float> col, row;
 };
 
-void ComputeStd(const std::vector<float>& m, int rows, int cols, AxisStd* s) {
+// The two axes' stds of m (rows x cols, row-major). `rows_are_channels`: a row holds one
+// channel's tokens (keys); otherwise one token's channels (values). Sums over a token's
+// channels use kChannelPartials accumulators, sums over a channel's tokens one
+// (kvarn_math.h BalanceStd): the order the SIMD codec sums in.
+struct StdOrder {
+  int row_partials, col_partials;
+};
+StdOrder OrderFor(bool rows_are_channels) {
+  return rows_are_channels ? StdOrder{1, kChannelPartials} : StdOrder{kChannelPartials, 1};
+}
+
+void RowStds(const std::vector<float>& m, int rows, int cols, StdOrder o, std::vector<float>* row) {
+  row->resize(rows);
+  for (int r = 0; r < rows; ++r) (*row)[r] = BalanceStd(&m[static_cast<size_t>(r) * cols], cols, 1, o.row_partials);
+}
+
+void ComputeStd(const std::vector<float>& m, int rows, int cols, StdOrder o, AxisStd* s) {
   s->col.resize(cols);
-  s->row.resize(rows);
-  for (int c = 0; c < cols; ++c) s->col[c] = Std(&m[c], rows, cols);
-  for (int r = 0; r < rows; ++r) s->row[r] = Std(&m[static_cast<size_t>(r) * cols], cols, 1);
+  for (int c = 0; c < cols; ++c) s->col[c] = BalanceStd(&m[c], rows, cols, o.col_partials);
+  RowStds(m, rows, cols, o, &s->row);
 }
 
 float Imbalance(const AxisStd& s) {
@@ -64,40 +68,43 @@ float Imbalance(const AxisStd& s) {
   return AxisImbalance(cmax, cmin) + AxisImbalance(rmax, rmin);
 }
 
-// cur = t / exp(lc) (per column) / exp(lr) (per row)
+// cur = t / exp(lc) (per column) / exp(lr) (per row), in that order, in float.
 void Rescale(const float* t, int rows, int cols, const std::vector<float>& lc,
              const std::vector<float>& lr, std::vector<float>* cur) {
+  std::vector<float> ec(cols);
+  for (int c = 0; c < cols; ++c) ec[c] = ExpF(lc[c]);
   for (int r = 0; r < rows; ++r) {
-    const float er = std::exp(lr[r]);
+    const float er = ExpF(lr[r]);
     for (int c = 0; c < cols; ++c) {
-      (*cur)[static_cast<size_t>(r) * cols + c] = t[static_cast<size_t>(r) * cols + c] / std::exp(lc[c]) / er;
+      (*cur)[static_cast<size_t>(r) * cols + c] = t[static_cast<size_t>(r) * cols + c] / ec[c] / er;
     }
   }
 }
 
 // §3: dual-axis balancing of a rows x cols tile (row-major). Returns the best-so-far
 // column and row scales.
-void Balance(const float* t, int rows, int cols, int iterations, std::vector<float>* col_scale,
-             std::vector<float>* row_scale) {
+void Balance(const float* t, int rows, int cols, int iterations, bool rows_are_channels,
+             std::vector<float>* col_scale, std::vector<float>* row_scale) {
+  const StdOrder order = OrderFor(rows_are_channels);
   std::vector<float> lc(cols, 0.0f), lr(rows, 0.0f), cur(t, t + static_cast<size_t>(rows) * cols);
   col_scale->assign(cols, 1.0f);
   row_scale->assign(rows, 1.0f);
   AxisStd s;
-  ComputeStd(cur, rows, cols, &s);
+  ComputeStd(cur, rows, cols, order, &s);
   float best = Imbalance(s);
+  std::vector<float> row_std;
   for (int it = 0; it < iterations; ++it) {
     for (int c = 0; c < cols; ++c) lc[c] = ClampLogScale(lc[c] + LogClampedStd(s.col[c]));
     Rescale(t, rows, cols, lc, lr, &cur);
-    for (int r = 0; r < rows; ++r) {
-      lr[r] = ClampLogScale(lr[r] + LogClampedStd(Std(&cur[static_cast<size_t>(r) * cols], cols, 1)));
-    }
+    RowStds(cur, rows, cols, order, &row_std);
+    for (int r = 0; r < rows; ++r) lr[r] = ClampLogScale(lr[r] + LogClampedStd(row_std[r]));
     Rescale(t, rows, cols, lc, lr, &cur);
-    ComputeStd(cur, rows, cols, &s);
+    ComputeStd(cur, rows, cols, order, &s);
     const float imb = Imbalance(s);
     if (imb <= best) {
       best = imb;
-      for (int c = 0; c < cols; ++c) (*col_scale)[c] = std::exp(lc[c]);
-      for (int r = 0; r < rows; ++r) (*row_scale)[r] = std::exp(lr[r]);
+      for (int c = 0; c < cols; ++c) (*col_scale)[c] = ExpF(lc[c]);
+      for (int r = 0; r < rows; ++r) (*row_scale)[r] = ExpF(lr[r]);
     }
   }
 }
@@ -106,10 +113,10 @@ void Balance(const float* t, int rows, int cols, int iterations, std::vector<flo
 // packed codes (row-major, cols*bits/8 bytes a row) and fp16 a[rows], b[rows], s[cols].
 // Returns false when a scale does not fit in fp16.
 bool QuantizeTile(const float* t, int rows, int cols, int bits, bool balance, int iterations,
-                  uint8_t* codes, uint16_t* a, uint16_t* b, uint16_t* s) {
+                  bool rows_are_channels, uint8_t* codes, uint16_t* a, uint16_t* b, uint16_t* s) {
   std::vector<float> sc, sr;
   if (balance) {
-    Balance(t, rows, cols, iterations, &sc, &sr);
+    Balance(t, rows, cols, iterations, rows_are_channels, &sc, &sr);
   } else {
     sc.assign(cols, 1.0f);
     sr.assign(rows, 1.0f);
@@ -162,9 +169,9 @@ CodecStatus Encode(const Preset& preset, int d, const TileIn& in, uint8_t* recor
   std::vector<uint8_t> out(l.total);
   auto h = [&](size_t off) { return reinterpret_cast<uint16_t*>(out.data() + off); };
   const bool ok =
-      QuantizeTile(kt.data(), d, g, preset.key_bits, preset.balances(), iterations,
+      QuantizeTile(kt.data(), d, g, preset.key_bits, preset.balances(), iterations, true,
                    out.data() + l.k_codes, h(l.k_a), h(l.k_b), h(l.k_r)) &&
-      QuantizeTile(v.data(), g, d, preset.value_bits, preset.balances(), iterations,
+      QuantizeTile(v.data(), g, d, preset.value_bits, preset.balances(), iterations, false,
                    out.data() + l.v_codes, h(l.v_a), h(l.v_b), h(l.v_c));
   if (!ok) return FpRangeError();
   std::memcpy(record, out.data(), out.size());

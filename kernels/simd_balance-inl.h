@@ -1,23 +1,24 @@
-// Dual-axis balancing (KVARN_SPEC.md §3), per target.
+// Dual-axis balancing (KVARN_SPEC.md §3), per target, producing the scalar reference's bits.
 //
-// The iteration keeps the best-so-far scales, and near convergence successive iterations
-// tie to within a few float ulps of the imbalance; which one wins decides how the scales
-// split between the two axes. To pick the iteration the reference picks, statistics are
-// exact in the reference's sense: the scaled tile T / exp(Lc) / exp(Lr) is formed in double
-// (a float times the double reciprocal of a float is exact to 1e-16), stds accumulate in
-// double and are rounded to float once, like the reference's double std. The std of the axis
-// updated second needs no pass: rescaling a row by r_new / r_old scales its std by exactly
-// that factor. Two passes per iteration remain, each 8 doubles wide.
+// The arithmetic is the reference's (kernels/reference.cc), in the order the spec writes it
+// (docs/codec_arithmetic.md):
+//  - cur = T / exp(Lc) / exp(Lr) in float, two correctly rounded divisions in that order. A
+//    division by a per-row or per-column scale b is done as Markstein's correction of a
+//    product by r = RN(1/b): q0 = a * r, q = fma(a - q0 * b, r, q0), which is RN(a / b)
+//    (three FMA-unit operations instead of a divider's ~6 cycles per vector);
+//  - every std is kvarn_math.h BalanceStd of those float values: shifted by the first value,
+//    accumulated in double in a fixed order (a token's channels in kChannelPartials
+//    interleaved accumulators, a channel's tokens in one), so the sums are the same doubles
+//    as the reference's, whatever the vector width;
+//  - exp and log are ExpF and LogF: vector double Exp/Log rounded to float, deferring to the
+//    scalar functions where the double lies near a float rounding midpoint.
+// Per iteration: after the column update one pass forms u = T / exp(Lc) (kept) and
+// cur1 = u / exp(Lr) and sums the rows of cur1; after the row update a second forms
+// cur2 = u / exp(Lr) and sums both axes (the imbalance and the next column update need them).
 //
-// Speed: the passes are pure multiply-add streams (two per element, the floor for a shifted
-// sum and sum of squares of scaled values) over the tile, widened to double once (exactly).
-// A row's std is taken without the row's own scale and a column's without the column's own
-// (each factors out), so a pass reads only the other axis's scales; everything per row or per
-// column (std from the sums, log-scale update, reciprocal, the imbalance) is vectorized along
-// the axis. Every value comes from the same IEEE operations, in the same order, as the
-// straightforward per-element form. The three passes are kept out of line: one copy of each
-// hot loop, whose speed then does not depend on the code around its call site (inlined
-// copies measured up to 1.5x apart).
+// K and V are both held token-major [G][D] (M). "Horizontal" sums run over a token's
+// channels, "vertical" ones over a channel's tokens. For keys the spec's first-updated
+// (column) axis is tokens and the row axis channels; for values the reverse.
 #if defined(KVARN_KERNELS_SIMD_BALANCE_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef KVARN_KERNELS_SIMD_BALANCE_INL_H_
 #undef KVARN_KERNELS_SIMD_BALANCE_INL_H_
@@ -37,236 +38,283 @@
 HWY_BEFORE_NAMESPACE();
 namespace kvarn {
 namespace HWY_NAMESPACE {
+// HWY_SCALAR (one lane, no half vectors) encodes with the scalar reference instead.
+#if HWY_TARGET != HWY_SCALAR
 
 using DD = hn::ScalableTag<double>;
-using DFD = hn::Rebind<float, DD>;  // as many floats as double lanes
+using DH = hn::Half<DF>;  // the floats of one double vector
 using VD = hn::Vec<DD>;
 
-// std[i] = scale[i] * Bessel-corrected std of n values with shifted sums s1[i], s2[i], for
-// `count` (a multiple of the double vector length) elements. n is a power of two, so
-// multiplying by 1/n rounds exactly as dividing by n does.
-HWY_INLINE void StdsFromSums(size_t count, size_t n, const double* HWY_RESTRICT s1,
-                             const double* HWY_RESTRICT s2, const double* HWY_RESTRICT scale,
-                             double* HWY_RESTRICT std) {
-  const DD dd;
-  HWY_DASSERT((n & (n - 1)) == 0);
-  const VD inv_n = hn::Set(dd, 1.0 / static_cast<double>(n));
-  const VD n1 = hn::Set(dd, static_cast<double>(n) - 1.0), zero = hn::Zero(dd);
-  for (size_t i = 0; i < count; i += hn::Lanes(dd)) {
-    const VD a = hn::LoadU(dd, s1 + i);
-    const VD var = hn::Div(hn::Sub(hn::LoadU(dd, s2 + i), hn::Mul(hn::Mul(a, a), inv_n)), n1);
-    const VD sd = hn::Sqrt(hn::IfThenElse(hn::Gt(var, zero), var, zero));
-    hn::StoreU(hn::Mul(hn::LoadU(dd, scale + i), sd), dd, std + i);
-  }
+// RN(a / b) for b > 0 normal, given r = RN(1 / b), |a / b| normal or zero. The residual
+// a - q0 * b is exact in one FMA, and one more fused step rounds the corrected quotient
+// correctly (Markstein); docs/codec_arithmetic.md has the argument and the exhaustive check.
+// Without a native FMA, Highway's MulAdd rounds twice, so those targets divide.
+HWY_INLINE VF DivExact(VF a, VF b, VF r) {
+#if HWY_NATIVE_FMA
+  const VF q0 = hn::Mul(a, r);
+  return hn::MulAdd(hn::NegMulAdd(q0, b, a), r, q0);
+#else
+  (void)r;
+  return hn::Div(a, b);
+#endif
 }
 
-// The first pass over the rows, where every scale is 1 (x * 1 - h is x - h): widens the float
-// tile to double into md (exactly) and takes each row's shifted sums, the shift being the
-// row's first element.
-HWY_NOINLINE inline void WidenAndRowSums(const float* HWY_RESTRICT m, size_t rows, size_t cols,
-                                         double* HWY_RESTRICT md, double* HWY_RESTRICT s1,
-                                         double* HWY_RESTRICT s2) {
+// acc + y * y rounded once, as std::fma, on every target.
+HWY_INLINE VD FmaSquare(VD y, VD acc) {
+#if HWY_NATIVE_FMA
+  return hn::MulAdd(y, y, acc);
+#else
   const DD dd;
-  const DFD df;
-  const size_t N = hn::Lanes(dd);
-  for (size_t r = 0; r < rows; ++r) {
-    const float* HWY_RESTRICT row = m + r * cols;
-    double* HWY_RESTRICT out = md + r * cols;
-    const VD h = hn::Set(dd, static_cast<double>(row[0])), one = hn::Set(dd, 1.0);
-    VD a = hn::Zero(dd), b = a, q = a, p = a;
-    for (size_t c = 0; c < cols; c += 2 * N) {
-      const VD xa = hn::PromoteTo(dd, hn::LoadU(df, row + c));
-      const VD xb = hn::PromoteTo(dd, hn::LoadU(df, row + c + N));
-      hn::StoreU(xa, dd, out + c);
-      hn::StoreU(xb, dd, out + c + N);
-      // x - h, once on the adder and once as x * 1 - h on the FMA unit (same rounding).
-      const VD ya = hn::Sub(xa, h), yb = hn::MulSub(xb, one, h);
-      a = hn::Add(a, ya), q = hn::MulAdd(ya, ya, q);
-      b = hn::Add(b, yb), p = hn::MulAdd(yb, yb, p);
-    }
-    s1[r] = hn::GetLane(hn::SumOfLanes(dd, hn::Add(a, b)));
-    s2[r] = hn::GetLane(hn::SumOfLanes(dd, hn::Add(q, p)));
-  }
+  HWY_ALIGN double ys[HWY_MAX_BYTES / sizeof(double)], as[HWY_MAX_BYTES / sizeof(double)];
+  hn::Store(y, dd, ys);
+  hn::Store(acc, dd, as);
+  for (size_t i = 0; i < hn::Lanes(dd); ++i) as[i] = std::fma(ys[i], ys[i], as[i]);
+  return hn::Load(dd, as);
+#endif
 }
 
-// Shifted sums of each row of m[r][c] * rc[c], the shift being the row's first element. Two
-// rows at a time, two accumulators each (even and odd vectors), so that the multiply-add
-// streams are independent.
-HWY_NOINLINE inline void RowSums(const double* HWY_RESTRICT m, size_t rows, size_t cols,
-                                 const double* HWY_RESTRICT rc, double* HWY_RESTRICT s1,
-                                 double* HWY_RESTRICT s2) {
-  const DD dd;
-  const size_t N = hn::Lanes(dd);
-  for (size_t r = 0; r < rows; r += 2) {
-    const double* HWY_RESTRICT row0 = m + r * cols;
-    const double* HWY_RESTRICT row1 = row0 + cols;
-    const VD h0 = hn::Set(dd, row0[0] * rc[0]), h1 = hn::Set(dd, row1[0] * rc[0]);
-    VD a0 = hn::Zero(dd), b0 = a0, q0 = a0, p0 = a0, a1 = a0, b1 = a0, q1 = a0, p1 = a0;
-    for (size_t c = 0; c < cols; c += 2 * N) {
-      const VD sa = hn::LoadU(dd, rc + c), sb = hn::LoadU(dd, rc + c + N);
-      const VD y0 = hn::MulSub(hn::LoadU(dd, row0 + c), sa, h0);
-      const VD z0 = hn::MulSub(hn::LoadU(dd, row0 + c + N), sb, h0);
-      const VD y1 = hn::MulSub(hn::LoadU(dd, row1 + c), sa, h1);
-      const VD z1 = hn::MulSub(hn::LoadU(dd, row1 + c + N), sb, h1);
-      a0 = hn::Add(a0, y0), q0 = hn::MulAdd(y0, y0, q0);
-      b0 = hn::Add(b0, z0), p0 = hn::MulAdd(z0, z0, p0);
-      a1 = hn::Add(a1, y1), q1 = hn::MulAdd(y1, y1, q1);
-      b1 = hn::Add(b1, z1), p1 = hn::MulAdd(z1, z1, p1);
-    }
-    s1[r] = hn::GetLane(hn::SumOfLanes(dd, hn::Add(a0, b0)));
-    s2[r] = hn::GetLane(hn::SumOfLanes(dd, hn::Add(q0, p0)));
-    s1[r + 1] = hn::GetLane(hn::SumOfLanes(dd, hn::Add(a1, b1)));
-    s2[r + 1] = hn::GetLane(hn::SumOfLanes(dd, hn::Add(q1, p1)));
-  }
-}
+// The per-row or per-column state of one axis: log-scale, scale exp(l), its reciprocal
+// RN(1 / exp(l)) for DivExact, and the axis's current stds.
+struct Axis {
+  float* l;
+  float* e;
+  float* r;
+  float* std;
+  size_t n;
+};
 
-// Shifted sums of each column of m[r][c] * rr[r], the shift being the column's first element.
-// Four vectors of columns stay in registers while the rows stream past. kUnitScales: the
-// first pass, where every rr is 1 and x * 1 - h is x - h.
-template <bool kUnitScales>
-HWY_NOINLINE void ColSums(const double* HWY_RESTRICT m, size_t rows, size_t cols,
-                          const double* HWY_RESTRICT rr, double* HWY_RESTRICT s1,
-                          double* HWY_RESTRICT s2) {
+// out[i] = ExpF(in[i]) (kExp) or LogF(in[i]), n a multiple of the double vector length. The
+// double result of Highway's Exp/Log is within a few double ulps of libm's; it rounds to the
+// same float unless it lies within kBand double ulps of a float rounding midpoint (low 29
+// mantissa bits near 2^28; results are normal floats here), where the lane is recomputed
+// with the scalar function.
+template <bool kExp>
+HWY_INLINE void RoundedTranscendental(const float* in, float* out, size_t n) {
   const DD dd;
-  const size_t N = hn::Lanes(dd);
-  const auto scaled_minus = [](VD x, VD scale, VD h) {
-    return kUnitScales ? hn::Sub(x, h) : hn::MulSub(x, scale, h);
-  };
-  for (size_t c = 0; c < cols; c += 4 * N) {
-    const VD r0 = hn::Set(dd, rr[0]);
-    const VD h0 = hn::Mul(hn::LoadU(dd, m + c), r0), h1 = hn::Mul(hn::LoadU(dd, m + c + N), r0);
-    const VD h2 = hn::Mul(hn::LoadU(dd, m + c + 2 * N), r0);
-    const VD h3 = hn::Mul(hn::LoadU(dd, m + c + 3 * N), r0);
-    VD a0 = hn::Zero(dd), a1 = a0, a2 = a0, a3 = a0, q0 = a0, q1 = a0, q2 = a0, q3 = a0;
-    for (size_t r = 0; r < rows; ++r) {
-      const double* HWY_RESTRICT row = m + r * cols + c;
-      const VD ir = hn::Set(dd, rr[r]);
-      const VD y0 = scaled_minus(hn::LoadU(dd, row), ir, h0);
-      const VD y1 = scaled_minus(hn::LoadU(dd, row + N), ir, h1);
-      const VD y2 = scaled_minus(hn::LoadU(dd, row + 2 * N), ir, h2);
-      const VD y3 = scaled_minus(hn::LoadU(dd, row + 3 * N), ir, h3);
-      a0 = hn::Add(a0, y0), a1 = hn::Add(a1, y1), a2 = hn::Add(a2, y2), a3 = hn::Add(a3, y3);
-      q0 = hn::MulAdd(y0, y0, q0), q1 = hn::MulAdd(y1, y1, q1);
-      q2 = hn::MulAdd(y2, y2, q2), q3 = hn::MulAdd(y3, y3, q3);
-    }
-    hn::StoreU(a0, dd, s1 + c), hn::StoreU(a1, dd, s1 + c + N);
-    hn::StoreU(a2, dd, s1 + c + 2 * N), hn::StoreU(a3, dd, s1 + c + 3 * N);
-    hn::StoreU(q0, dd, s2 + c), hn::StoreU(q1, dd, s2 + c + N);
-    hn::StoreU(q2, dd, s2 + c + 2 * N), hn::StoreU(q3, dd, s2 + c + 3 * N);
-  }
-}
-
-// The stds of every row (resp. column) of cur = m * rc (per column) * rr (per row): a row's
-// own scale factors out of its sums, and multiplies its std.
-HWY_INLINE void RowStds(const double* HWY_RESTRICT m, size_t rows, size_t cols, BalanceScratch& s) {
-  RowSums(m, rows, cols, s.rc.get(), s.s1.get(), s.s2.get());
-  StdsFromSums(rows, cols, s.s1.get(), s.s2.get(), s.rr.get(), s.sr.get());
-}
-template <bool kUnitScales = false>
-HWY_INLINE void ColStds(const double* HWY_RESTRICT m, size_t rows, size_t cols, BalanceScratch& s) {
-  ColSums<kUnitScales>(m, rows, cols, s.rr.get(), s.s1.get(), s.s2.get());
-  StdsFromSums(cols, rows, s.s1.get(), s.s2.get(), s.rc.get(), s.sc.get());
-}
-
-// One axis's share of Imb on float-rounded stds, as the reference computes it.
-HWY_INLINE float AxisImbalanceOf(const double* HWY_RESTRICT std, size_t n) {
-  const DD dd;
-  const DFD df;
-  auto lo = hn::Set(df, HUGE_VALF), hi = hn::Set(df, -HUGE_VALF);
+  const DH dh;
+  const hn::RebindToUnsigned<DD> du;
+  constexpr uint64_t kBand = uint64_t{1} << 12;
+  const auto low_mask = hn::Set(du, (uint64_t{1} << 29) - 1);
+  const auto band_start = hn::Set(du, (uint64_t{1} << 28) - kBand);
+  const auto band_width = hn::Set(du, 2 * kBand);
   for (size_t i = 0; i < n; i += hn::Lanes(dd)) {
-    const auto v = hn::DemoteTo(df, hn::LoadU(dd, std + i));
+    const auto xf = hn::LoadU(dh, in + i);
+    const VD x = hn::PromoteTo(dd, xf);
+    const VD y = kExp ? hn::Exp(dd, x) : hn::Log(dd, x);
+    const auto low = hn::And(hn::BitCast(du, y), low_mask);
+    const auto near = hn::Lt(hn::Sub(low, band_start), band_width);  // wraps below the band
+    if (HWY_UNLIKELY(!hn::AllFalse(du, near))) {
+      HWY_ALIGN float xs[HWY_MAX_BYTES / sizeof(double)];
+      hn::Store(xf, dh, xs);  // `in` may be `out`
+      for (size_t j = 0; j < hn::Lanes(dd); ++j) out[i + j] = kExp ? ExpF(xs[j]) : LogF(xs[j]);
+    } else {
+      hn::StoreU(hn::DemoteTo(dh, y), dh, out + i);
+    }
+  }
+}
+
+// l = clamp(l + log(clamp(std))), e = exp(l), r = 1 / e. `tmp` holds a.n floats.
+HWY_INLINE void UpdateAxis(const Axis& a, float* HWY_RESTRICT tmp) {
+  const DF df;
+  const VF smin = hn::Set(df, kStdMin), smax = hn::Set(df, kStdMax);
+  const VF lmin = hn::Set(df, kLogScaleMin), lmax = hn::Set(df, kLogScaleMax);
+  for (size_t i = 0; i < a.n; i += hn::Lanes(df)) {
+    hn::StoreU(hn::Min(hn::Max(hn::LoadU(df, a.std + i), smin), smax), df, tmp + i);
+  }
+  RoundedTranscendental<false>(tmp, tmp, a.n);
+  for (size_t i = 0; i < a.n; i += hn::Lanes(df)) {
+    const VF l = hn::Add(hn::LoadU(df, a.l + i), hn::LoadU(df, tmp + i));
+    hn::StoreU(hn::Min(hn::Max(l, lmin), lmax), df, a.l + i);
+  }
+  RoundedTranscendental<true>(a.l, a.e, a.n);
+  const VF one = hn::Set(df, 1.0f);
+  for (size_t i = 0; i < a.n; i += hn::Lanes(df)) {
+    hn::StoreU(hn::Div(one, hn::LoadU(df, a.e + i)), df, a.r + i);
+  }
+}
+
+// std from shifted sums, as StdFromShiftedMoments; n is a power of two, so the product by
+// 1/n rounds as the division by n does.
+HWY_INLINE hn::Vec<DH> StdsOf(VD s1, VD s2, size_t n) {
+  const DD dd;
+  const VD var = hn::Div(hn::Sub(s2, hn::Mul(hn::Mul(s1, s1), hn::Set(dd, 1.0 / static_cast<double>(n)))),
+                         hn::Set(dd, static_cast<double>(n) - 1.0));
+  return hn::DemoteTo(DH(), hn::Sqrt(hn::IfThenElse(hn::Gt(var, hn::Zero(dd)), var, hn::Zero(dd))));
+}
+
+// The value of cur at (t, c..c+N) formed from `src` per kDivs: 0, src is cur; 1, src is u and
+// cur = u / second; 2, src is T, u = T / first (stored to u_out) and cur = u / second. For
+// keys (kKeys) the first divisor is per token and the second per channel; for values the
+// reverse.
+template <int kDivs, bool kKeys>
+HWY_INLINE VF FormCur(const float* HWY_RESTRICT src, size_t t, size_t c, size_t d, const Axis& tok,
+                      const Axis& ch, float* HWY_RESTRICT u_out) {
+  const DF df;
+  const VF x = hn::LoadU(df, src + t * d + c);
+  if constexpr (kDivs == 0) {
+    return x;
+  } else {
+    const VF te = hn::Set(df, tok.e[t]), tr = hn::Set(df, tok.r[t]);
+    const VF ce = hn::LoadU(df, ch.e + c), cr = hn::LoadU(df, ch.r + c);
+    VF u = x;
+    if constexpr (kDivs == 2) {
+      u = kKeys ? DivExact(x, te, tr) : DivExact(x, ce, cr);
+      hn::StoreU(u, df, u_out + t * d + c);
+    }
+    return kKeys ? DivExact(u, ce, cr) : DivExact(u, te, tr);
+  }
+}
+
+// Horizontal: the std over the channels of every token of cur (see FormCur), in
+// kChannelPartials interleaved accumulators (slot k of 16 / Lanes(dd) holds accumulators
+// k * Lanes(dd) ..), folded as FoldPartials folds them. Writes cur to cur_out if not null.
+template <int kDivs, bool kKeys>
+HWY_NOINLINE void RowPass(const float* HWY_RESTRICT src, size_t g, size_t d, const Axis& tok,
+                          const Axis& ch, float* HWY_RESTRICT u_out, float* HWY_RESTRICT cur_out,
+                          float* HWY_RESTRICT std_out) {
+  const DF df;
+  const DD dd;
+  const DH dh;
+  const size_t N = hn::Lanes(df), L = hn::Lanes(dd);
+  constexpr size_t kSlots = kChannelPartials / hn::MaxLanes(DD());
+  static_assert(kChannelPartials % hn::MaxLanes(DF()) == 0, "a vector of floats within one partial group");
+  const size_t vecs_per_group = kChannelPartials / N;  // float vectors per 16 channels
+  HWY_ALIGN double f1[HWY_MAX_BYTES / sizeof(double)], f2[HWY_MAX_BYTES / sizeof(double)];
+  for (size_t t = 0; t < g; ++t) {
+    VD s1[kSlots], s2[kSlots];
+    for (size_t k = 0; k < kSlots; ++k) s1[k] = s2[k] = hn::Zero(dd);
+    VD h = hn::Zero(dd);
+    for (size_t c = 0; c < d; c += kChannelPartials) {
+      for (size_t v = 0; v < vecs_per_group; ++v) {
+        const VF cur = FormCur<kDivs, kKeys>(src, t, c + v * N, d, tok, ch, u_out);
+        if (cur_out != nullptr) hn::StoreU(cur, df, cur_out + t * d + c + v * N);
+        if (c == 0 && v == 0) h = hn::Set(dd, static_cast<double>(hn::GetLane(cur)));
+        const VD ylo = hn::Sub(hn::PromoteTo(dd, hn::LowerHalf(dh, cur)), h);
+        const VD yhi = hn::Sub(hn::PromoteTo(dd, hn::UpperHalf(dh, cur)), h);
+        s1[2 * v] = hn::Add(s1[2 * v], ylo);
+        s2[2 * v] = FmaSquare(ylo, s2[2 * v]);
+        s1[2 * v + 1] = hn::Add(s1[2 * v + 1], yhi);
+        s2[2 * v + 1] = FmaSquare(yhi, s2[2 * v + 1]);
+      }
+    }
+    // Fold: the steps with w >= L are lane-wise vector adds, the rest scalar.
+    for (size_t w = kChannelPartials / 2; w >= L; w /= 2) {
+      for (size_t k = 0; k < w / L; ++k) {
+        s1[k] = hn::Add(s1[k], s1[k + w / L]);
+        s2[k] = hn::Add(s2[k], s2[k + w / L]);
+      }
+    }
+    hn::Store(s1[0], dd, f1);
+    hn::Store(s2[0], dd, f2);
+    FoldPartials(f1, static_cast<int>(L));
+    FoldPartials(f2, static_cast<int>(L));
+    std_out[t] = StdFromShiftedMoments(static_cast<double>(d), f1[0], f2[0]);
+  }
+}
+
+// Vertical: the std over the tokens of every channel of cur (see FormCur), each channel's
+// sums in one accumulator in token order. Strips of two float vectors of channels stay in
+// registers while the tokens stream past.
+template <int kDivs, bool kKeys>
+HWY_NOINLINE void ColPass(const float* HWY_RESTRICT src, size_t g, size_t d, const Axis& tok,
+                          const Axis& ch, float* HWY_RESTRICT u_out, float* HWY_RESTRICT std_out) {
+  const DF df;
+  const DD dd;
+  const DH dh;
+  const size_t N = hn::Lanes(df), L = hn::Lanes(dd);
+  for (size_t c = 0; c < d; c += 2 * N) {
+    const VF x0 = FormCur<kDivs, kKeys>(src, 0, c, d, tok, ch, u_out);
+    const VF x1 = FormCur<kDivs, kKeys>(src, 0, c + N, d, tok, ch, u_out);
+    const VD h0 = hn::PromoteTo(dd, hn::LowerHalf(dh, x0)), h1 = hn::PromoteTo(dd, hn::UpperHalf(dh, x0));
+    const VD h2 = hn::PromoteTo(dd, hn::LowerHalf(dh, x1)), h3 = hn::PromoteTo(dd, hn::UpperHalf(dh, x1));
+    // Token 0 adds y = 0 to every sum.
+    VD a0 = hn::Zero(dd), a1 = a0, a2 = a0, a3 = a0, q0 = a0, q1 = a0, q2 = a0, q3 = a0;
+    for (size_t t = 1; t < g; ++t) {
+      const VF y = FormCur<kDivs, kKeys>(src, t, c, d, tok, ch, u_out);
+      const VF z = FormCur<kDivs, kKeys>(src, t, c + N, d, tok, ch, u_out);
+      const VD y0 = hn::Sub(hn::PromoteTo(dd, hn::LowerHalf(dh, y)), h0);
+      const VD y1 = hn::Sub(hn::PromoteTo(dd, hn::UpperHalf(dh, y)), h1);
+      const VD y2 = hn::Sub(hn::PromoteTo(dd, hn::LowerHalf(dh, z)), h2);
+      const VD y3 = hn::Sub(hn::PromoteTo(dd, hn::UpperHalf(dh, z)), h3);
+      a0 = hn::Add(a0, y0), a1 = hn::Add(a1, y1), a2 = hn::Add(a2, y2), a3 = hn::Add(a3, y3);
+      q0 = FmaSquare(y0, q0), q1 = FmaSquare(y1, q1), q2 = FmaSquare(y2, q2), q3 = FmaSquare(y3, q3);
+    }
+    hn::StoreU(StdsOf(a0, q0, g), dh, std_out + c);
+    hn::StoreU(StdsOf(a1, q1, g), dh, std_out + c + L);
+    hn::StoreU(StdsOf(a2, q2, g), dh, std_out + c + 2 * L);
+    hn::StoreU(StdsOf(a3, q3, g), dh, std_out + c + 3 * L);
+  }
+}
+
+// One axis's share of Imb: max(std) / max(min(std), 1e-8).
+HWY_INLINE float AxisImbalanceOf(const Axis& a) {
+  const DF df;
+  VF lo = hn::Set(df, HUGE_VALF), hi = hn::Set(df, -HUGE_VALF);
+  for (size_t i = 0; i < a.n; i += hn::Lanes(df)) {
+    const VF v = hn::LoadU(df, a.std + i);
     lo = hn::Min(lo, v);
     hi = hn::Max(hi, v);
   }
-  return AxisImbalance(hn::GetLane(hn::MaxOfLanes(df, hi)), hn::GetLane(hn::MinOfLanes(df, lo)));
+  return AxisImbalance(ReduceMax(hi), ReduceMin(lo));
 }
 
-// l = clamp(l + log(clamp(float(std)))), recip = 1 / double(exp(l)). With `std_after`,
-// std *= recip_new / recip_old: the axis's std once the update is applied. `tmp` holds n
-// floats.
-HWY_INLINE void UpdateAxis(size_t n, double* HWY_RESTRICT std, float* HWY_RESTRICT l,
-                           double* HWY_RESTRICT recip, bool std_after, float* HWY_RESTRICT tmp) {
-  const DD dd;
-  const DF df;
-  for (size_t i = 0; i < n; i += hn::Lanes(dd)) {
-    hn::StoreU(hn::DemoteTo(DFD(), hn::LoadU(dd, std + i)), DFD(), tmp + i);
+// Balances M [g][d] (keys: the first-updated axis is tokens; values: channels). Writes the
+// best-so-far scales of each axis and their reciprocals RN(1 / scale).
+// REQUIRES: g and d are powers of two, multiples of 2 float vectors and of kChannelPartials.
+HWY_INLINE void Balance(const float* HWY_RESTRICT m, size_t g, size_t d, bool keys, int iterations,
+                        BalanceScratch& s, float* HWY_RESTRICT tok_scale, float* HWY_RESTRICT tok_inv,
+                        float* HWY_RESTRICT ch_scale, float* HWY_RESTRICT ch_inv) {
+  assert((g & (g - 1)) == 0 && (d & (d - 1)) == 0 && g >= 32 && d >= 32);
+  const Axis tok{s.l_tok.get(), s.e_tok.get(), s.r_tok.get(), s.std_tok.get(), g};
+  const Axis ch{s.l_ch.get(), s.e_ch.get(), s.r_ch.get(), s.std_ch.get(), d};
+  for (const Axis* a : {&tok, &ch}) {
+    std::fill_n(a->l, a->n, 0.0f);
+    std::fill_n(a->e, a->n, 1.0f);
+    std::fill_n(a->r, a->n, 1.0f);
   }
-  const VF smin = hn::Set(df, kStdMin), smax = hn::Set(df, kStdMax);
-  const VF lmin = hn::Set(df, kLogScaleMin), lmax = hn::Set(df, kLogScaleMax);
-  // Two loops, so that the logs (and then the exps) of different vectors overlap.
-  for (size_t i = 0; i < n; i += hn::Lanes(df)) {
-    const VF s = hn::Min(hn::Max(hn::LoadU(df, tmp + i), smin), smax);
-    hn::StoreU(hn::Min(hn::Max(hn::Add(hn::LoadU(df, l + i), hn::Log(df, s)), lmin), lmax), df,
-               l + i);
-  }
-  for (size_t i = 0; i < n; i += hn::Lanes(df))
-    hn::StoreU(hn::Exp(df, hn::LoadU(df, l + i)), df, tmp + i);
-  const VD one = hn::Set(dd, 1.0);
-  for (size_t i = 0; i < n; i += hn::Lanes(dd)) {
-    const VD r = hn::Div(one, hn::PromoteTo(dd, hn::LoadU(DFD(), tmp + i)));
-    if (std_after) {
-      hn::StoreU(hn::Mul(hn::LoadU(dd, std + i), hn::Div(r, hn::LoadU(dd, recip + i))), dd,
-                 std + i);
-    }
-    hn::StoreU(r, dd, recip + i);
-  }
-}
-
-// Balances m [rows][cols]. `rows_first`: the spec's first-updated ("column") axis is m's
-// rows (keys: per token) rather than m's columns (values: per channel). Writes the
-// best-so-far scales and their float reciprocals.
-// REQUIRES: rows and cols are powers of two and multiples of 4 double vectors (G, D >= 64).
-HWY_INLINE void Balance(const float* HWY_RESTRICT m_float, size_t rows, size_t cols,
-                        bool rows_first, int iterations, BalanceScratch& s,
-                        float* HWY_RESTRICT row_scale, float* HWY_RESTRICT row_inv,
-                        float* HWY_RESTRICT col_scale, float* HWY_RESTRICT col_inv) {
-  assert((rows & (rows - 1)) == 0 && (cols & (cols - 1)) == 0 && rows >= 64 && cols >= 64);
-  double* HWY_RESTRICT m = s.tile.get();
-  std::fill_n(s.lr.get(), rows, 0.0f);
-  std::fill_n(s.lc.get(), cols, 0.0f);
-  std::fill_n(s.rr.get(), rows, 1.0);
-  std::fill_n(s.rc.get(), cols, 1.0);
-  std::fill_n(s.best_lr.get(), rows, 0.0f);
-  std::fill_n(s.best_lc.get(), cols, 0.0f);
-  WidenAndRowSums(m_float, rows, cols, m, s.s1.get(), s.s2.get());
-  StdsFromSums(rows, cols, s.s1.get(), s.s2.get(), s.rr.get(), s.sr.get());
-  ColStds</*kUnitScales=*/true>(m, rows, cols, s);
+  std::fill_n(tok_scale, g, 1.0f);
+  std::fill_n(ch_scale, d, 1.0f);
+  float* u = s.u.get();
+  float* cur = s.cur.get();
+  float* tmp = s.tmp.get();
+  RowPass<0, true>(m, g, d, tok, ch, nullptr, nullptr, tok.std);
+  ColPass<0, true>(m, g, d, tok, ch, nullptr, ch.std);
+  // Imb = column part + row part; the spec's columns are tokens for keys.
   const auto imbalance = [&] {
-    return AxisImbalanceOf(s.sc.get(), cols) + AxisImbalanceOf(s.sr.get(), rows);
+    return keys ? AxisImbalanceOf(tok) + AxisImbalanceOf(ch) : AxisImbalanceOf(ch) + AxisImbalanceOf(tok);
   };
   float best = imbalance();
   for (int it = 0; it < iterations; ++it) {
-    if (rows_first) {
-      UpdateAxis(rows, s.sr.get(), s.lr.get(), s.rr.get(), false, s.tmp.get());
-      ColStds(m, rows, cols, s);
-      UpdateAxis(cols, s.sc.get(), s.lc.get(), s.rc.get(), true, s.tmp.get());
-      RowStds(m, rows, cols, s);
+    if (keys) {
+      UpdateAxis(tok, tmp);
+      ColPass<2, true>(m, g, d, tok, ch, u, ch.std);
+      UpdateAxis(ch, tmp);
+      RowPass<1, true>(u, g, d, tok, ch, nullptr, cur, tok.std);
     } else {
-      UpdateAxis(cols, s.sc.get(), s.lc.get(), s.rc.get(), false, s.tmp.get());
-      RowStds(m, rows, cols, s);
-      UpdateAxis(rows, s.sr.get(), s.lr.get(), s.rr.get(), true, s.tmp.get());
-      ColStds(m, rows, cols, s);
+      UpdateAxis(ch, tmp);
+      RowPass<2, false>(m, g, d, tok, ch, u, nullptr, tok.std);
+      UpdateAxis(tok, tmp);
+      RowPass<1, false>(u, g, d, tok, ch, nullptr, cur, tok.std);
     }
+    ColPass<0, true>(cur, g, d, tok, ch, nullptr, ch.std);
     const float imb = imbalance();
     if (imb <= best) {
       best = imb;
-      std::copy_n(s.lr.get(), rows, s.best_lr.get());
-      std::copy_n(s.lc.get(), cols, s.best_lc.get());
+      std::copy_n(tok.e, g, tok_scale);
+      std::copy_n(ch.e, d, ch_scale);
     }
   }
   const DF df;
-  for (size_t i = 0; i < rows; i += hn::Lanes(df)) {
-    const VF l = hn::LoadU(df, s.best_lr.get() + i);
-    hn::StoreU(hn::Exp(df, l), df, row_scale + i);
-    hn::StoreU(hn::Exp(df, hn::Neg(l)), df, row_inv + i);
+  const VF one = hn::Set(df, 1.0f);
+  for (size_t i = 0; i < g; i += hn::Lanes(df)) {
+    hn::StoreU(hn::Div(one, hn::LoadU(df, tok_scale + i)), df, tok_inv + i);
   }
-  for (size_t i = 0; i < cols; i += hn::Lanes(df)) {
-    const VF l = hn::LoadU(df, s.best_lc.get() + i);
-    hn::StoreU(hn::Exp(df, l), df, col_scale + i);
-    hn::StoreU(hn::Exp(df, hn::Neg(l)), df, col_inv + i);
+  for (size_t i = 0; i < d; i += hn::Lanes(df)) {
+    hn::StoreU(hn::Div(one, hn::LoadU(df, ch_scale + i)), df, ch_inv + i);
   }
 }
 
+#endif  // HWY_TARGET != HWY_SCALAR
 }  // namespace HWY_NAMESPACE
 }  // namespace kvarn
 HWY_AFTER_NAMESPACE();

@@ -27,22 +27,16 @@ class ScratchArray {
 };
 
 struct BalanceScratch {
-  ScratchArray<double> tile;  // the tile widened to double, [rows][cols]
-  // Per row (r) and per column (c): log-scales, their best-so-far values, reciprocal scales
-  // 1 / exp(l) and stds, both in double.
-  ScratchArray<float> lr, best_lr, lc, best_lc;
-  ScratchArray<double> rr, sr, rc, sc;
-  ScratchArray<double> s1, s2;  // one pass's shifted sums, per row or per column
-  ScratchArray<float> tmp;      // per row or per column
-  void Reserve(size_t rows, size_t cols) {
-    const size_t wide = rows > cols ? rows : cols;
-    tile.Reserve(rows * cols);
-    for (ScratchArray<float>* a : {&lr, &best_lr}) a->Reserve(rows);
-    for (ScratchArray<float>* a : {&lc, &best_lc}) a->Reserve(cols);
-    for (ScratchArray<double>* a : {&rr, &sr}) a->Reserve(rows);
-    for (ScratchArray<double>* a : {&rc, &sc}) a->Reserve(cols);
-    for (ScratchArray<double>* a : {&s1, &s2}) a->Reserve(wide);
-    tmp.Reserve(wide);
+  ScratchArray<float> u;    // T / exp(Lc) of the current iteration, [G][D]
+  ScratchArray<float> cur;  // the scaled tile after the row update, [G][D]
+  // Per token and per channel: log-scale, exp(l), RN(1 / exp(l)), std.
+  ScratchArray<float> l_tok, e_tok, r_tok, std_tok, l_ch, e_ch, r_ch, std_ch;
+  ScratchArray<float> tmp;  // per token or per channel
+  void Reserve(size_t g, size_t d) {
+    for (ScratchArray<float>* a : {&u, &cur}) a->Reserve(g * d);
+    for (ScratchArray<float>* a : {&l_tok, &e_tok, &r_tok, &std_tok}) a->Reserve(g);
+    for (ScratchArray<float>* a : {&l_ch, &e_ch, &r_ch, &std_ch}) a->Reserve(d);
+    tmp.Reserve(g > d ? g : d);
   }
 };
 

@@ -64,14 +64,7 @@ KVARN_DEV float H2F(uint16_t h) {
 #endif
 }
 
-// exp and log of a float, computed in double and rounded once: correctly rounded unless the
-// exact value lies within ~2^-52 of a float rounding boundary, so the device and the host
-// emulator produce the same bits. The CPU reference calls libm's expf and logf instead;
-// glibc 2.36's differ from the correctly rounded value on ~0.005% (expf) and ~0.2% (logf) of
-// the arguments balancing sees, the one remaining source of GPU/CPU record differences (a
-// scale 1 fp16 ulp off in under 1% of records).
-KVARN_DEV float ExpF(float x) { return static_cast<float>(exp(static_cast<double>(x))); }
-KVARN_DEV float LogF(float x) { return static_cast<float>(log(static_cast<double>(x))); }
+// exp and log (ExpF, LogF) are kernels/kvarn_math.h's, shared with the CPU codecs.
 
 template <class Ctx>
 KVARN_DEV float WarpAllSum(const Ctx& ctx, float v) {
