@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/lib/cuda_pool.h"
 #include "client/lib/descriptor_client.h"
+#include "common/commit_ring.h"
 #include "common/codec_status.h"
 
 namespace kvarn {
@@ -294,6 +295,26 @@ SequenceTable Session::Remember(uint64_t seq, const v1::BlockTable& table) {
   }
   st.staged = 0;
   return st.table;
+}
+
+absl::StatusOr<SequenceTable> Session::RememberCommit(uint64_t seq, const ring::Completion& c) {
+  MutexLock lock(&mu_);
+  SeqState& st = seqs_[seq];
+  SequenceTable& t = st.table;
+  if (c.sealed != 0) {
+    if (c.quant_blocks == t.quant_blocks.size() + 1) {
+      t.quant_blocks.push_back(c.last_quant);
+    } else if (c.quant_blocks != t.quant_blocks.size() || c.has_sink == 0) {
+      return absl::InternalError("kvarnd's ring completion does not follow the sequence's table");
+    }
+  }
+  t.tokens = c.tokens;
+  t.has_sink = c.has_sink != 0;
+  t.sink_block = c.sink_block;
+  t.tail_slot = c.tail_slot;
+  t.tail_tokens = c.tail_tokens;
+  st.staged = 0;
+  return t;
 }
 
 absl::StatusOr<SequenceInfo> Session::CreateSequence(std::span<const uint32_t> prompt) {

@@ -62,6 +62,10 @@ struct CUevent_st;
 namespace kvarn {
 
 class DevicePool;  // client/lib/cuda_pool.h
+class CommitRing;  // client/lib/commit_ring.h
+namespace ring {
+struct Completion;  // common/commit_ring.h
+}
 
 struct Layout {
   std::string model_id = "model";
@@ -190,6 +194,10 @@ class Session {
   // the call, as Commit does; such an item is not sent).
   absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitBatch(
       const std::vector<std::pair<uint64_t, std::vector<uint32_t>>>& items);
+  // The session's commit ring (client/lib/commit_ring.h): CommitBatch without an RPC, for
+  // workers that commit every decode step. Once per session (ALREADY_EXISTS after);
+  // FAILED_PRECONDITION without shared memory. The Session must outlive it.
+  absl::StatusOr<std::unique_ptr<CommitRing>> OpenCommitRing();
   // The K/V travel in the request instead of shared memory.
   absl::StatusOr<AppendInfo> AppendInline(uint64_t seq, std::span<const uint32_t> ids, const void* keys,
                                           const void* values, DType dtype);
@@ -244,6 +252,7 @@ class Session {
 
  private:
   friend class Client;
+  friend class CommitRing;
   struct SeqState {
     SequenceTable table;
     int staged = 0;
@@ -255,6 +264,9 @@ class Session {
   void KeepAliveLoop();
   // Records the daemon's table (merging one with omitted blocks) and returns the full table.
   SequenceTable Remember(uint64_t seq, const v1::BlockTable& table) ABSL_LOCKS_EXCLUDED(mu_);
+  // Records a ring commit's result (the table's block ids change only when it sealed);
+  // INTERNAL when it does not follow the table held.
+  absl::StatusOr<SequenceTable> RememberCommit(uint64_t seq, const ring::Completion& c) ABSL_LOCKS_EXCLUDED(mu_);
   grpc::ClientContext* Prepare(grpc::ClientContext* ctx) const;
   absl::Status Check(const grpc::Status& s);
   // Bases of the mapped slabs, host or device.

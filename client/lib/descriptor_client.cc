@@ -11,8 +11,10 @@
 
 namespace kvarn {
 
-absl::StatusOr<LentSegments> FetchSessionMemory(const std::string& socket_path, const v1::SessionRef& session,
-                                                absl::Duration timeout) {
+namespace {
+
+absl::StatusOr<LentSegments> Fetch(const std::string& socket_path, const v1::DescriptorRequest& req,
+                                   absl::Duration timeout) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (socket_path.size() >= sizeof(addr.sun_path)) return absl::InvalidArgumentError("descriptor socket path too long");
@@ -22,8 +24,6 @@ absl::StatusOr<LentSegments> FetchSessionMemory(const std::string& socket_path, 
   if (connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
     return absl::UnavailableError(absl::StrCat("cannot reach kvarnd's descriptor channel ", socket_path, ": ", strerror(errno)));
   }
-  v1::DescriptorRequest req;
-  *req.mutable_session() = session;
   if (absl::Status s = SendWithFds(fd.get(), req.SerializeAsString(), {}); !s.ok()) return s;
   absl::StatusOr<ReceivedMessage> msg = ReceiveWithFds(fd.get(), 64 * 1024, 8, timeout);
   if (!msg.ok()) return msg.status();
@@ -43,6 +43,23 @@ absl::StatusOr<LentSegments> FetchSessionMemory(const std::string& socket_path, 
   }
   if (next != msg->fds.size()) return absl::InternalError("kvarnd sent descriptors its reply does not describe");
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<LentSegments> FetchSessionMemory(const std::string& socket_path, const v1::SessionRef& session,
+                                                absl::Duration timeout) {
+  v1::DescriptorRequest req;
+  *req.mutable_session() = session;
+  return Fetch(socket_path, req, timeout);
+}
+
+absl::StatusOr<LentSegments> FetchCommitRing(const std::string& socket_path, const v1::SessionRef& session,
+                                             absl::Duration timeout) {
+  v1::DescriptorRequest req;
+  *req.mutable_session() = session;
+  req.set_commit_ring(true);
+  return Fetch(socket_path, req, timeout);
 }
 
 }  // namespace kvarn

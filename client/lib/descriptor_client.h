@@ -29,6 +29,13 @@ struct LentSegments {
 absl::StatusOr<LentSegments> FetchSessionMemory(const std::string& socket_path, const v1::SessionRef& session,
                                                 absl::Duration timeout = absl::Seconds(5));
 
+// The session's commit ring (docs/commit_ring.md): a KIND_COMMIT_RING segment and a
+// KIND_DOORBELL eventfd, for the process the session's memory was lent to. The daemon's
+// refusal comes back with its code (ALREADY_EXISTS, FAILED_PRECONDITION, PERMISSION_DENIED,
+// UNIMPLEMENTED, ...), as for FetchSessionMemory.
+absl::StatusOr<LentSegments> FetchCommitRing(const std::string& socket_path, const v1::SessionRef& session,
+                                             absl::Duration timeout = absl::Seconds(5));
+
 }  // namespace kvarn
 
 #endif  // KVARN_CLIENT_LIB_DESCRIPTOR_CLIENT_H_

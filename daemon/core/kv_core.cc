@@ -454,6 +454,19 @@ absl::StatusOr<std::vector<LentSegment>> KvCore::LendMemory(const SessionRef& re
   return out;
 }
 
+absl::StatusOr<uint32_t> KvCore::RingGrant(const SessionRef& ref, int pid) const {
+  MutexLock lock(&mu_);
+  auto found = sessions_.Find(ref);
+  if (!found.ok()) return found.status();
+  const SessionState& s = **found;
+  if (s.slots == 0) return absl::FailedPreconditionError("a session without tail slots commits nothing");
+  if (s.peer_pid == 0) return absl::FailedPreconditionError("the session's memory is not lent yet: map the pool first");
+  if (s.peer_pid != (pid <= 0 ? SessionState::kForeignPeer : pid)) {
+    return absl::PermissionDeniedError(absl::StrCat("session ", s.id, " is bound to another process"));
+  }
+  return s.slots;
+}
+
 absl::StatusOr<KvCore::HashedPrompt> KvCore::PromptHashes(const SessionRef& ref, std::span<const uint32_t> prompt) {
   if (prompt.size() > config_.max_prompt_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("prompt of ", prompt.size(), " tokens exceeds the limit ",

@@ -116,6 +116,11 @@ class KvCore {
   // pid <= 0 is a peer in another PID namespace: served by backends that need no importer
   // pid (host), bound as one "foreign" peer; PERMISSION_DENIED naming the fix otherwise.
   absl::StatusOr<std::vector<LentSegment>> LendMemory(const SessionRef& ref, int pid, uint64_t identity = 0);
+  // Whether the session's commit ring (daemon/service/commit_ring_server.h) may go to `pid`:
+  // the session's tail slots when `pid` is the process its memory was lent to. NOT_FOUND as
+  // every call; FAILED_PRECONDITION before LendMemory or for a session without tail slots;
+  // PERMISSION_DENIED for another process. Renews nothing.
+  absl::StatusOr<uint32_t> RingGrant(const SessionRef& ref, int pid) const;
 
   // Sequences.
   absl::StatusOr<CreateResult> CreateSequence(const SessionRef& ref, std::span<const uint32_t> prompt);

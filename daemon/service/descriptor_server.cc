@@ -150,6 +150,10 @@ void DescriptorServer::Answer(int fd) {
     Reply(fd, absl::PermissionDeniedError("the peer's credentials are unknown (SO_PEERCRED)"));
     return;
   }
+  if (req.commit_ring()) {
+    AnswerRing(fd, FromProto(req.session()), peer->pid);
+    return;
+  }
   // pid 0: the peer is in a PID namespace kvarnd cannot see into (a worker in another pod);
   // the core decides whether its backend can lend memory to such a peer.
   // The process's start time tells a recycled pid apart; read here, outside the core's lock.
@@ -182,6 +186,38 @@ void DescriptorServer::Answer(int fd) {
   }
   lent_.fetch_add(1);
   Log(LogLevel::kDebug, "descriptors_lent", {{"session", req.session().session_id()}, {"pid", static_cast<int64_t>(peer->pid)}});
+}
+
+void DescriptorServer::AnswerRing(int fd, const SessionRef& ref, int pid) {
+  if (options_.rings == nullptr) {
+    refused_.fetch_add(1);
+    Reply(fd, absl::UnimplementedError("this kvarnd serves no commit rings"));
+    return;
+  }
+  auto lent = options_.rings->Open(ref, pid);
+  if (!lent.ok()) {
+    refused_.fetch_add(1);
+    Log(LogLevel::kWarning, "commit_ring_refused",
+        {{"session", ref.session}, {"pid", static_cast<int64_t>(pid)}, {"reason", lent.status().ToString()}});
+    Reply(fd, lent.status());
+    return;
+  }
+  v1::DescriptorReply reply;
+  auto* ring = reply.add_segments();
+  ring->set_kind(v1::DescriptorReply::Entry::KIND_COMMIT_RING);
+  ring->set_bytes(lent->bytes);
+  ring->set_writable(true);
+  ring->set_has_fd(true);
+  ring->set_ring_records(lent->capacity);
+  auto* bell = reply.add_segments();
+  bell->set_kind(v1::DescriptorReply::Entry::KIND_DOORBELL);
+  bell->set_has_fd(true);
+  const int fds[] = {lent->memory.get(), lent->doorbell.get()};
+  if (!SendWithFds(fd, reply.SerializeAsString(), fds).ok()) {
+    refused_.fetch_add(1);
+    return;  // the ring stays the session's; the client may not ask again (ALREADY_EXISTS)
+  }
+  lent_.fetch_add(1);
 }
 
 }  // namespace kvarn

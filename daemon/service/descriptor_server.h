@@ -3,7 +3,8 @@
 //
 // Protocol (kvarn.proto, DescriptorRequest / DescriptorReply): the client connects, sends one
 // DescriptorRequest (at most 4 KiB, no descriptors), and receives one DescriptorReply with the
-// segments' descriptors attached (SCM_RIGHTS); then the daemon closes the connection. The
+// segments' descriptors attached (SCM_RIGHTS); then the daemon closes the connection. A
+// request with commit_ring set gets the session's commit ring instead (commit_ring_server.h). The
 // daemon reads the peer's pid from the kernel (SO_PEERCRED), never from the request, and the
 // core lends the memory to that process only (KvCore::LendMemory). Quantized and sink
 // segments are sealed read-only (common/shared_memory.h); the session's tail is writable and
@@ -30,6 +31,7 @@
 #include "absl/time/time.h"
 #include "common/unique_fd.h"
 #include "daemon/core/kv_core.h"
+#include "daemon/service/commit_ring_server.h"
 
 namespace kvarn {
 
@@ -40,6 +42,8 @@ class DescriptorServer {
     mode_t mode = 0600;             // who may connect (the gRPC socket's mode)
     int max_connections = 64;       // connections waiting for their request at once
     absl::Duration request_timeout = absl::Seconds(2);
+    // Serves commit_ring requests when set (not owned; outlives the server).
+    CommitRingServer* rings = nullptr;
   };
 
   static absl::StatusOr<std::unique_ptr<DescriptorServer>> Start(KvCore* core, Options options);
@@ -58,6 +62,7 @@ class DescriptorServer {
   void Serve();
   // Answers one request on connection `fd`.
   void Answer(int fd);
+  void AnswerRing(int fd, const SessionRef& ref, int pid);
 
   KvCore* const core_;
   const Options options_;

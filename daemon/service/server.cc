@@ -334,9 +334,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const DaemonConfig& config
   }
   if (!config.listen.empty()) {
     chmod(config.listen.c_str(), config.socket_mode);
+    // Commit rings live in shared memory, so only local clients (the descriptor channel) get them.
+    auto rings = CommitRingServer::Start(s->core_.get(), {}, s->metrics_.get());
+    if (!rings.ok()) return rings.status();
+    s->rings_ = std::move(*rings);
     DescriptorServer::Options d;
     d.path = DescriptorSocketPath(config.listen);
     d.mode = config.socket_mode;
+    d.rings = s->rings_.get();
     auto ds = DescriptorServer::Start(s->core_.get(), d);
     if (!ds.ok()) return ds.status();
     s->descriptors_ = std::move(*ds);
@@ -445,6 +450,8 @@ void Server::Shutdown(absl::Duration deadline) {
     grpc_->Wait();
   }
   if (service_) service_->WaitForCalls();
+  // Rings commit through the core like the handlers: served until the handlers are done.
+  if (rings_) rings_->Stop();
   stop_housekeeping_.Notify();
   if (housekeeping_.joinable()) housekeeping_.join();
   if (exporter_) exporter_->Stop();

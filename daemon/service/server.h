@@ -66,6 +66,7 @@ class Server {
   std::unique_ptr<KvCore> core_;
   std::unique_ptr<KvService> service_;
   std::unique_ptr<grpc::Server> grpc_;
+  std::unique_ptr<CommitRingServer> rings_;  // before descriptors_: they hand out its rings
   std::unique_ptr<DescriptorServer> descriptors_;
   std::unique_ptr<metrics::HttpExporter> exporter_;
   int tcp_port_ = 0;

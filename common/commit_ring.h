@@ -1,0 +1,111 @@
+// The commit ring's memory layout, shared by kvarnd (daemon/service/commit_ring_server.h) and
+// the client library (client/lib/commit_ring.h). docs/commit_ring.md states the protocol.
+//
+// One ring per session, in one memfd segment the daemon creates and lends to the session's
+// process only (over the descriptor channel, with an eventfd doorbell):
+//
+//   [Header, 4 KiB][Record x capacity][Completion x capacity]
+//
+// The client (one producer) writes records at positions tail, tail+1, ... (mod capacity),
+// publishes the new tail (release), and rings the doorbell. The daemon keeps its own head in
+// its own memory; it reads only `tail` and the records from this segment, copying each record
+// out once before looking at it. It writes one completion per record (at the record's
+// position), then `done` (release), then wakes `done` as a futex.
+//
+// Everything in the segment is writable by the client: the daemon never trusts a value it
+// reads here (tail is bounded by its own head and capacity, every record field is checked),
+// and never reads back what it wrote (done, completions, broken).
+#ifndef KVARN_COMMON_COMMIT_RING_H_
+#define KVARN_COMMON_COMMIT_RING_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "absl/time/time.h"
+
+namespace kvarn::ring {
+
+inline constexpr uint32_t kMagic = 0x4b565243;  // "KVRC"
+inline constexpr uint32_t kVersion = 1;
+// Token ids one record carries: a decode step commits 1, speculative decoding a few. Larger
+// commits go through CommitBatch.
+inline constexpr uint32_t kRecordTokens = 28;
+// Bytes of an error message a completion carries (longer ones are cut).
+inline constexpr uint32_t kMessageBytes = 200;
+// Records per ring, at most (a ring has one record per tail slot of its session, up to this).
+inline constexpr uint32_t kMaxCapacity = 4096;
+
+struct Header {
+  // Written once by the daemon at creation, for the client's checks; never read by the daemon.
+  uint32_t magic;
+  uint32_t version;
+  uint32_t capacity;
+  uint32_t record_bytes;
+  uint32_t completion_bytes;
+  uint32_t reserved0[11];
+  // The client's: records published (a free-running count, mod 2^32).
+  alignas(64) std::atomic<uint32_t> tail;
+  // The daemon's: records completed (a free-running count); the futex word clients wait on.
+  alignas(64) std::atomic<uint32_t> done;
+  // The daemon's: nonzero (an absl::StatusCode) once the daemon stopped serving this ring,
+  // because its tail went out of bounds or the daemon is stopping; the message says why.
+  alignas(64) std::atomic<uint32_t> broken;
+  char broken_message[kMessageBytes];
+};
+static_assert(sizeof(Header) <= 4096);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+struct Record {
+  uint64_t sequence;
+  uint32_t tokens;  // 1..kRecordTokens
+  uint32_t reserved;
+  uint32_t ids[kRecordTokens];
+};
+static_assert(sizeof(Record) == 128);
+
+struct Completion {
+  uint32_t position;  // the record's position (tail count) this answers
+  int32_t code;       // absl::StatusCode, as CommitBatch's item status
+  // 1 when `code` is the batch's status, as CommitBatch's outer status (the session's errors:
+  // unknown or ended, stale epoch): every completion of the batch then carries it.
+  uint32_t call;
+  uint32_t reserved;
+  // OK: the sequence's table after the commit (block ids of a seal below).
+  uint64_t tokens;
+  uint32_t tail_slot;
+  uint32_t tail_tokens;
+  uint32_t sealed;        // 1 when this commit filled and sealed the tail
+  uint32_t has_sink;
+  uint32_t sink_block;
+  uint32_t quant_blocks;  // the sequence's quantized blocks after the commit
+  uint32_t last_quant;    // when sealed into a quantized block: its id
+  uint32_t message_bytes;
+  char message[kMessageBytes];  // not NUL-terminated; message_bytes long
+};
+static_assert(sizeof(Completion) == 256);
+
+inline constexpr size_t kHeaderBytes = 4096;
+inline constexpr size_t RecordsOffset() { return kHeaderBytes; }
+inline constexpr size_t CompletionsOffset(uint32_t capacity) { return kHeaderBytes + size_t{capacity} * sizeof(Record); }
+inline constexpr size_t SegmentBytes(uint32_t capacity) {
+  return CompletionsOffset(capacity) + size_t{capacity} * sizeof(Completion);
+}
+
+// Copies n bytes out of memory another process may be writing, once: the compiler barrier
+// after the copy keeps it from reading the source again in place of the copy.
+inline void CopyOut(void* dst, const void* src, size_t n) {
+  std::memcpy(dst, src, n);
+  asm volatile("" ::: "memory");
+}
+
+// Futex operations on a word of a shared mapping (not FUTEX_PRIVATE: the waiter and the
+// waker are different processes). Wait returns when *word != expected, on a wake, or after
+// `timeout` (spurious returns are allowed: callers re-check).
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, absl::Duration timeout);
+void FutexWakeAll(std::atomic<uint32_t>* word);
+
+}  // namespace kvarn::ring
+
+#endif  // KVARN_COMMON_COMMIT_RING_H_

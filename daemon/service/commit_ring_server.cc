@@ -1,0 +1,266 @@
+#include "daemon/service/commit_ring_server.h"
+
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <span>
+
+#include "absl/strings/str_cat.h"
+#include "common/commit_ring.h"
+#include "common/shared_memory.h"
+#include "daemon/service/log.h"
+
+namespace kvarn {
+namespace {
+
+constexpr uint64_t kWakeTag = 0;  // session ids start at 1
+
+void WriteMessage(absl::string_view msg, char* out, uint32_t* bytes) {
+  const size_t n = std::min<size_t>(msg.size(), ring::kMessageBytes);
+  std::memcpy(out, msg.data(), n);
+  *bytes = static_cast<uint32_t>(n);
+}
+
+}  // namespace
+
+struct CommitRingServer::Ring {
+  SessionRef ref;
+  SharedMemory memory;
+  UniqueFd doorbell;
+  uint32_t capacity = 0;
+  // The daemon's own head: records consumed. Never read from the shared segment.
+  uint32_t head = 0;
+  bool broken = false;
+  ring::Header* header() const { return reinterpret_cast<ring::Header*>(memory.data()); }
+  const uint8_t* record(uint32_t pos) const {
+    return memory.data() + ring::RecordsOffset() + size_t{pos & (capacity - 1)} * sizeof(ring::Record);
+  }
+  ring::Completion* completion(uint32_t pos) const {
+    return reinterpret_cast<ring::Completion*>(memory.data() + ring::CompletionsOffset(capacity) +
+                                               size_t{pos & (capacity - 1)} * sizeof(ring::Completion));
+  }
+};
+
+absl::StatusOr<std::unique_ptr<CommitRingServer>> CommitRingServer::Start(KvCore* core, Options options,
+                                                                          RpcObserver* observer) {
+  UniqueFd epoll(epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll.valid()) return absl::ErrnoToStatus(errno, "epoll_create1");
+  UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake.valid()) return absl::ErrnoToStatus(errno, "eventfd");
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kWakeTag;
+  if (epoll_ctl(epoll.get(), EPOLL_CTL_ADD, wake.get(), &ev) != 0) return absl::ErrnoToStatus(errno, "epoll_ctl");
+  std::unique_ptr<CommitRingServer> s(new CommitRingServer(core, options, observer, std::move(epoll), std::move(wake)));
+  s->thread_ = std::thread([p = s.get()] { p->Serve(); });
+  return s;
+}
+
+CommitRingServer::~CommitRingServer() { Stop(); }
+
+size_t CommitRingServer::rings() const {
+  MutexLock lock(&mu_);
+  return rings_.size();
+}
+
+absl::StatusOr<CommitRingServer::Lent> CommitRingServer::Open(const SessionRef& ref, int pid) {
+  if (stopped_.load()) return absl::UnavailableError("kvarnd is shutting down");
+  auto slots = core_->RingGrant(ref, pid);
+  if (!slots.ok()) return slots.status();
+  {
+    MutexLock lock(&mu_);
+    if (rings_.contains(ref.session)) return absl::AlreadyExistsError("this session has its commit ring already");
+  }
+  const uint32_t capacity = std::bit_ceil(std::clamp<uint32_t>(*slots, 1, ring::kMaxCapacity));
+  auto ring = std::make_shared<Ring>();
+  ring->ref = ref;
+  ring->capacity = capacity;
+  auto memory = SharedMemory::Create(absl::StrCat("kvarn-ring-", ref.session), ring::SegmentBytes(capacity),
+                                     ClientAccess::kReadWrite);
+  if (!memory.ok()) return memory.status();
+  ring->memory = std::move(*memory);
+  ring->doorbell = UniqueFd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!ring->doorbell.valid()) return absl::ResourceExhaustedError(absl::StrCat("eventfd: ", strerror(errno)));
+  ring::Header* h = ring->header();
+  h->magic = ring::kMagic;
+  h->version = ring::kVersion;
+  h->capacity = capacity;
+  h->record_bytes = sizeof(ring::Record);
+  h->completion_bytes = sizeof(ring::Completion);
+  Lent lent;
+  lent.memory = UniqueFd(fcntl(ring->memory.fd(), F_DUPFD_CLOEXEC, 0));
+  lent.doorbell = UniqueFd(fcntl(ring->doorbell.get(), F_DUPFD_CLOEXEC, 0));
+  if (!lent.memory.valid() || !lent.doorbell.valid()) return absl::ResourceExhaustedError("no descriptor left to lend a ring");
+  lent.capacity = capacity;
+  lent.bytes = ring->memory.size();
+  MutexLock lock(&mu_);
+  if (stopped_.load()) return absl::UnavailableError("kvarnd is shutting down");
+  if (rings_.contains(ref.session)) return absl::AlreadyExistsError("this session has its commit ring already");
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = ref.session;
+  if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, ring->doorbell.get(), &ev) != 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("epoll_ctl: ", strerror(errno)));
+  }
+  rings_.emplace(ref.session, std::move(ring));
+  return lent;
+}
+
+void CommitRingServer::Stop() {
+  if (stopped_.exchange(true)) return;
+  const uint64_t one = 1;
+  [[maybe_unused]] const ssize_t w = write(wake_.get(), &one, sizeof(one));
+  if (thread_.joinable()) thread_.join();
+  absl::flat_hash_map<SessionId, std::shared_ptr<Ring>> rings;
+  {
+    MutexLock lock(&mu_);
+    rings.swap(rings_);
+  }
+  for (auto& [id, r] : rings) Break(*r, absl::UnavailableError("kvarnd is shutting down"));
+}
+
+void CommitRingServer::Serve() {
+  std::vector<SessionId> ready, round;
+  epoll_event events[64];
+  uint64_t ended_seen = core_->sessions_ended();
+  for (;;) {
+    const int timeout_ms = ready.empty() ? static_cast<int>(absl::ToInt64Milliseconds(options_.poll)) : 0;
+    const int n = epoll_wait(epoll_.get(), events, 64, timeout_ms);
+    if (stopped_.load()) return;
+    for (int i = 0; i < n; ++i) {
+      const SessionId id = events[i].data.u64;
+      if (id == kWakeTag) continue;
+      std::shared_ptr<Ring> r;
+      {
+        MutexLock lock(&mu_);
+        auto it = rings_.find(id);
+        if (it != rings_.end()) r = it->second;
+      }
+      if (r == nullptr) continue;
+      uint64_t count;
+      [[maybe_unused]] const ssize_t got = read(r->doorbell.get(), &count, sizeof(count));  // resets the doorbell
+      if (std::find(ready.begin(), ready.end(), id) == ready.end()) ready.push_back(id);
+    }
+    // One round: each rung ring gets at most one batch, in turn.
+    round.swap(ready);
+    ready.clear();
+    for (SessionId id : round) {
+      std::shared_ptr<Ring> r;
+      {
+        MutexLock lock(&mu_);
+        auto it = rings_.find(id);
+        if (it != rings_.end()) r = it->second;
+      }
+      if (r != nullptr && !r->broken && Drain(*r)) ready.push_back(id);
+    }
+    if (const uint64_t ended = core_->sessions_ended(); ended != ended_seen) {
+      ended_seen = ended;
+      Sweep();
+    }
+  }
+}
+
+bool CommitRingServer::Drain(Ring& r) {
+  ring::Header* h = r.header();
+  const uint32_t tail = h->tail.load(std::memory_order_acquire);  // read once
+  const uint32_t pending = tail - r.head;
+  if (pending == 0) return false;
+  if (pending > r.capacity) {
+    Break(r, absl::FailedPreconditionError(absl::StrCat("the commit ring's tail is ", pending, " records past the daemon's head; the ring holds ",
+                                                        r.capacity, ": the ring is closed, commit with CommitBatch")));
+    return false;
+  }
+  const absl::Time start = absl::Now();
+  // Copy every record out once; only the copies are looked at.
+  std::vector<ring::Record> records(pending);
+  for (uint32_t i = 0; i < pending; ++i) ring::CopyOut(&records[i], r.record(r.head + i), sizeof(ring::Record));
+  std::vector<std::pair<SequenceId, std::span<const uint32_t>>> items;
+  std::vector<int> item_of(pending, -1);  // record -> index in items, -1 when refused here
+  items.reserve(pending);
+  for (uint32_t i = 0; i < pending; ++i) {
+    if (records[i].tokens > ring::kRecordTokens) continue;
+    item_of[i] = static_cast<int>(items.size());
+    items.emplace_back(records[i].sequence, std::span<const uint32_t>(records[i].ids, records[i].tokens));
+  }
+  auto results = core_->AppendBatch(r.ref, items);
+  for (uint32_t i = 0; i < pending; ++i) {
+    ring::Completion* c = r.completion(r.head + i);
+    c->position = r.head + i;
+    absl::Status st;
+    if (!results.ok()) {
+      st = results.status();
+    } else if (item_of[i] < 0) {
+      st = absl::InvalidArgumentError(absl::StrCat("a ring record carries 1..", ring::kRecordTokens, " tokens, not ",
+                                                   records[i].tokens));
+    } else {
+      const absl::StatusOr<AppendResult>& a = (*results)[static_cast<size_t>(item_of[i])];
+      st = a.status();
+      if (a.ok()) {
+        const BlockTableView& t = a->table;
+        c->tokens = t.tokens;
+        c->tail_slot = t.tail_slot;
+        c->tail_tokens = t.tail_tokens;
+        c->sealed = a->sealed ? 1 : 0;
+        c->has_sink = t.has_sink ? 1 : 0;
+        c->sink_block = t.sink_block;
+        c->quant_blocks = a->sealed ? static_cast<uint32_t>(t.quant_blocks.size()) : 0;
+        c->last_quant = a->sealed && !t.quant_blocks.empty() ? t.quant_blocks.back() : 0;
+      }
+    }
+    c->code = static_cast<int32_t>(st.code());
+    c->call = results.ok() ? 0 : 1;
+    c->message_bytes = 0;
+    if (!st.ok()) WriteMessage(st.message(), c->message, &c->message_bytes);
+  }
+  r.head = tail;
+  h->done.store(tail, std::memory_order_release);
+  ring::FutexWakeAll(&h->done);
+  commits_.fetch_add(pending);
+  if (observer_ != nullptr) {
+    observer_->OnRpc("CommitRing", static_cast<grpc::StatusCode>(static_cast<int>(results.status().code())), absl::Now() - start);
+  }
+  if (absl::IsNotFound(results.status())) {
+    Break(r, results.status());  // the session is gone; Sweep drops the ring
+    return false;
+  }
+  return h->tail.load(std::memory_order_relaxed) != r.head;
+}
+
+void CommitRingServer::Break(Ring& r, const absl::Status& why) {
+  if (r.broken) return;
+  r.broken = true;
+  broken_.fetch_add(1);
+  epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, r.doorbell.get(), nullptr);  // its doorbell costs nothing now
+  ring::Header* h = r.header();
+  uint32_t bytes = 0;
+  WriteMessage(why.message(), h->broken_message, &bytes);
+  if (bytes < ring::kMessageBytes) h->broken_message[bytes] = '\0';
+  h->broken.store(static_cast<uint32_t>(why.code()), std::memory_order_release);
+  ring::FutexWakeAll(&h->done);
+  if (!absl::IsNotFound(why) && !absl::IsUnavailable(why)) {
+    Log(LogLevel::kWarning, "commit_ring_broken", {{"session", r.ref.session}, {"reason", why.ToString()}});
+  }
+}
+
+void CommitRingServer::Sweep() {
+  std::vector<std::pair<SessionId, std::shared_ptr<Ring>>> all;
+  {
+    MutexLock lock(&mu_);
+    for (auto& [id, r] : rings_) all.emplace_back(id, r);
+  }
+  for (auto& [id, r] : all) {
+    if (core_->CheckSession(r->ref).ok()) continue;
+    Break(*r, absl::NotFoundError("the session ended"));
+    MutexLock lock(&mu_);
+    rings_.erase(id);
+  }
+}
+
+}  // namespace kvarn
+
