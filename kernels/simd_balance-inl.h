@@ -168,9 +168,12 @@ HWY_INLINE VF FormCur(const float* HWY_RESTRICT src, size_t t, size_t c, size_t 
 // Horizontal: the std over the channels of every token of cur (see FormCur), in
 // kChannelPartials interleaved accumulators (slot k of 16 / Lanes(dd) holds accumulators
 // k * Lanes(dd) ..), folded as FoldPartials folds them. Writes cur to cur_out if not null.
+// Two tokens at a time, so that their accumulation chains overlap; the folded sums go to
+// s1_out/s2_out (g doubles each) and the stds are taken a vector of tokens at a time.
 template <int kDivs, bool kKeys>
 HWY_NOINLINE void RowPass(const float* HWY_RESTRICT src, size_t g, size_t d, const Axis& tok,
                           const Axis& ch, float* HWY_RESTRICT u_out, float* HWY_RESTRICT cur_out,
+                          double* HWY_RESTRICT s1_out, double* HWY_RESTRICT s2_out,
                           float* HWY_RESTRICT std_out) {
   const DF df;
   const DD dd;
@@ -179,36 +182,47 @@ HWY_NOINLINE void RowPass(const float* HWY_RESTRICT src, size_t g, size_t d, con
   constexpr size_t kSlots = kChannelPartials / hn::MaxLanes(DD());
   static_assert(kChannelPartials % hn::MaxLanes(DF()) == 0, "a vector of floats within one partial group");
   const size_t vecs_per_group = kChannelPartials / N;  // float vectors per 16 channels
-  HWY_ALIGN double f1[HWY_MAX_BYTES / sizeof(double)], f2[HWY_MAX_BYTES / sizeof(double)];
-  for (size_t t = 0; t < g; ++t) {
-    VD s1[kSlots], s2[kSlots];
-    for (size_t k = 0; k < kSlots; ++k) s1[k] = s2[k] = hn::Zero(dd);
-    VD h = hn::Zero(dd);
+  HWY_ALIGN double f[4][HWY_MAX_BYTES / sizeof(double)];
+  for (size_t t0 = 0; t0 < g; t0 += 2) {
+    VD s1[2][kSlots], s2[2][kSlots], h[2];
+    for (size_t r = 0; r < 2; ++r) {
+      h[r] = hn::Zero(dd);
+      for (size_t k = 0; k < kSlots; ++k) s1[r][k] = s2[r][k] = hn::Zero(dd);
+    }
     for (size_t c = 0; c < d; c += kChannelPartials) {
       for (size_t v = 0; v < vecs_per_group; ++v) {
-        const VF cur = FormCur<kDivs, kKeys>(src, t, c + v * N, d, tok, ch, u_out);
-        if (cur_out != nullptr) hn::StoreU(cur, df, cur_out + t * d + c + v * N);
-        if (c == 0 && v == 0) h = hn::Set(dd, static_cast<double>(hn::GetLane(cur)));
-        const VD ylo = hn::Sub(hn::PromoteTo(dd, hn::LowerHalf(dh, cur)), h);
-        const VD yhi = hn::Sub(hn::PromoteTo(dd, hn::UpperHalf(dh, cur)), h);
-        s1[2 * v] = hn::Add(s1[2 * v], ylo);
-        s2[2 * v] = FmaSquare(ylo, s2[2 * v]);
-        s1[2 * v + 1] = hn::Add(s1[2 * v + 1], yhi);
-        s2[2 * v + 1] = FmaSquare(yhi, s2[2 * v + 1]);
+        for (size_t r = 0; r < 2; ++r) {
+          const size_t t = t0 + r;
+          const VF cur = FormCur<kDivs, kKeys>(src, t, c + v * N, d, tok, ch, u_out);
+          if (cur_out != nullptr) hn::StoreU(cur, df, cur_out + t * d + c + v * N);
+          if (c == 0 && v == 0) h[r] = hn::Set(dd, static_cast<double>(hn::GetLane(cur)));
+          const VD ylo = hn::Sub(hn::PromoteTo(dd, hn::LowerHalf(dh, cur)), h[r]);
+          const VD yhi = hn::Sub(hn::PromoteTo(dd, hn::UpperHalf(dh, cur)), h[r]);
+          s1[r][2 * v] = hn::Add(s1[r][2 * v], ylo);
+          s2[r][2 * v] = FmaSquare(ylo, s2[r][2 * v]);
+          s1[r][2 * v + 1] = hn::Add(s1[r][2 * v + 1], yhi);
+          s2[r][2 * v + 1] = FmaSquare(yhi, s2[r][2 * v + 1]);
+        }
       }
     }
-    // Fold: the steps with w >= L are lane-wise vector adds, the rest scalar.
-    for (size_t w = kChannelPartials / 2; w >= L; w /= 2) {
-      for (size_t k = 0; k < w / L; ++k) {
-        s1[k] = hn::Add(s1[k], s1[k + w / L]);
-        s2[k] = hn::Add(s2[k], s2[k + w / L]);
+    for (size_t r = 0; r < 2; ++r) {
+      // Fold: the steps with w >= L are lane-wise vector adds, the rest scalar.
+      for (size_t w = kChannelPartials / 2; w >= L; w /= 2) {
+        for (size_t k = 0; k < w / L; ++k) {
+          s1[r][k] = hn::Add(s1[r][k], s1[r][k + w / L]);
+          s2[r][k] = hn::Add(s2[r][k], s2[r][k + w / L]);
+        }
       }
+      hn::Store(s1[r][0], dd, f[2 * r]);
+      hn::Store(s2[r][0], dd, f[2 * r + 1]);
+      FoldPartials(f[2 * r], static_cast<int>(L));
+      FoldPartials(f[2 * r + 1], static_cast<int>(L));
+      s1_out[t0 + r] = f[2 * r][0];
+      s2_out[t0 + r] = f[2 * r + 1][0];
     }
-    hn::Store(s1[0], dd, f1);
-    hn::Store(s2[0], dd, f2);
-    FoldPartials(f1, static_cast<int>(L));
-    FoldPartials(f2, static_cast<int>(L));
-    std_out[t] = StdFromShiftedMoments(static_cast<double>(d), f1[0], f2[0]);
+  }
+  for (size_t t = 0; t < g; t += L) {
+    hn::StoreU(StdsOf(hn::LoadU(dd, s1_out + t), hn::LoadU(dd, s2_out + t), d), dh, std_out + t);
   }
 }
 
@@ -277,7 +291,9 @@ HWY_INLINE void Balance(const float* HWY_RESTRICT m, size_t g, size_t d, bool ke
   float* u = s.u.get();
   float* cur = s.cur.get();
   float* tmp = s.tmp.get();
-  RowPass<0, true>(m, g, d, tok, ch, nullptr, nullptr, tok.std);
+  double* s1 = s.s1.get();
+  double* s2 = s.s2.get();
+  RowPass<0, true>(m, g, d, tok, ch, nullptr, nullptr, s1, s2, tok.std);
   ColPass<0, true>(m, g, d, tok, ch, nullptr, ch.std);
   // Imb = column part + row part; the spec's columns are tokens for keys.
   const auto imbalance = [&] {
@@ -289,12 +305,12 @@ HWY_INLINE void Balance(const float* HWY_RESTRICT m, size_t g, size_t d, bool ke
       UpdateAxis(tok, tmp);
       ColPass<2, true>(m, g, d, tok, ch, u, ch.std);
       UpdateAxis(ch, tmp);
-      RowPass<1, true>(u, g, d, tok, ch, nullptr, cur, tok.std);
+      RowPass<1, true>(u, g, d, tok, ch, nullptr, cur, s1, s2, tok.std);
     } else {
       UpdateAxis(ch, tmp);
-      RowPass<2, false>(m, g, d, tok, ch, u, nullptr, tok.std);
+      RowPass<2, false>(m, g, d, tok, ch, u, nullptr, s1, s2, tok.std);
       UpdateAxis(tok, tmp);
-      RowPass<1, false>(u, g, d, tok, ch, nullptr, cur, tok.std);
+      RowPass<1, false>(u, g, d, tok, ch, nullptr, cur, s1, s2, tok.std);
     }
     ColPass<0, true>(cur, g, d, tok, ch, nullptr, ch.std);
     const float imb = imbalance();

@@ -31,8 +31,10 @@ struct BalanceScratch {
   ScratchArray<float> cur;  // the scaled tile after the row update, [G][D]
   // Per token and per channel: log-scale, exp(l), RN(1 / exp(l)), std.
   ScratchArray<float> l_tok, e_tok, r_tok, std_tok, l_ch, e_ch, r_ch, std_ch;
-  ScratchArray<float> tmp;  // per token or per channel
+  ScratchArray<float> tmp;        // per token or per channel
+  ScratchArray<double> s1, s2;    // per token: folded shifted sums
   void Reserve(size_t g, size_t d) {
+    for (ScratchArray<double>* a : {&s1, &s2}) a->Reserve(g);
     for (ScratchArray<float>* a : {&u, &cur}) a->Reserve(g * d);
     for (ScratchArray<float>* a : {&l_tok, &e_tok, &r_tok, &std_tok}) a->Reserve(g);
     for (ScratchArray<float>* a : {&l_ch, &e_ch, &r_ch, &std_ch}) a->Reserve(d);
