@@ -16,6 +16,7 @@ absl::Status InProcessDaemon::Start(const Options& options) {
   ServiceHarness::Options o;
   o.descriptors = options.descriptors;
   o.tcp = options.tcp;
+  o.rings = options.rings && options.descriptors;
   o.observer = &impl_->calls;
   return impl_->harness.Start(o);
 }
@@ -51,6 +52,8 @@ uint64_t InProcessDaemon::lent() { return impl_->harness.descriptors() ? impl_->
 uint64_t InProcessDaemon::refused() {
   return impl_->harness.descriptors() ? impl_->harness.descriptors()->refused() : 0;
 }
+size_t InProcessDaemon::rings() { return impl_->harness.rings() ? impl_->harness.rings()->rings() : 0; }
+uint64_t InProcessDaemon::rings_broken() { return impl_->harness.rings() ? impl_->harness.rings()->broken() : 0; }
 size_t InProcessDaemon::watch_streams() { return impl_->harness.service().watch_streams(); }
 int InProcessDaemon::calls(const std::string& method) { return impl_->calls.calls(method); }
 

@@ -23,6 +23,7 @@ class InProcessDaemon {
   struct Options {
     bool descriptors = true;  // the descriptor channel at "<socket>.fd"
     bool tcp = false;         // also 127.0.0.1 on an ephemeral port
+    bool rings = true;        // commit rings on the descriptor channel
   };
   InProcessDaemon();
   ~InProcessDaemon();
@@ -39,6 +40,9 @@ class InProcessDaemon {
   absl::StatusOr<uint64_t> SequenceTokens(const v1::SessionRef& ref, uint64_t seq);
   absl::Status CheckSession(const v1::SessionRef& ref);
   absl::Status CheckInvariants();
+  // Commit rings the daemon holds (of sessions not yet swept) and has closed.
+  size_t rings();
+  uint64_t rings_broken();
   // The descriptor channel's counters.
   uint64_t lent();
   uint64_t refused();

@@ -34,6 +34,7 @@
 #include "daemon/core/clock.h"
 #include "daemon/core/kv_core.h"
 #include "daemon/core/tenants.h"
+#include "daemon/service/commit_ring_server.h"
 #include "daemon/service/convert.h"
 #include "daemon/service/descriptor_server.h"
 #include "daemon/service/kv_service.h"
@@ -170,6 +171,7 @@ class ServiceHarness {
     }();
     bool descriptors = false;  // serve the descriptor channel at "<socket>.fd"
     DescriptorServer::Options descriptor_options;  // path is filled in
+    bool rings = false;        // serve commit rings on the descriptor channel (needs descriptors)
     bool tcp = false;          // also listen on 127.0.0.1 (an ephemeral port)
     RpcObserver* observer = nullptr;  // sees every unary call the service answers
   };
@@ -197,9 +199,15 @@ class ServiceHarness {
     builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::CQ_TIMEOUT_MSEC, 100);
     server_ = builder.BuildAndStart();
     if (server_ == nullptr) return absl::InternalError("gRPC server did not start");
+    if (options.rings) {
+      auto rings = CommitRingServer::Start(core_.get(), {}, options.observer);
+      if (!rings.ok()) return rings.status();
+      rings_ = std::move(*rings);
+    }
     if (options.descriptors) {
       DescriptorServer::Options d = options.descriptor_options;
       d.path = DescriptorSocketPath(socket_);
+      d.rings = rings_.get();
       auto ds = DescriptorServer::Start(core_.get(), d);
       if (!ds.ok()) return ds.status();
       descriptors_ = std::move(*ds);
@@ -218,9 +226,11 @@ class ServiceHarness {
       server_->Wait();
     }
     if (service_) service_->WaitForCalls();  // as kvarnd's Server::Shutdown does
+    if (rings_) rings_->Stop();
     stub_.reset();
     channel_.reset();
     descriptors_.reset();
+    rings_.reset();
     server_.reset();
     service_.reset();
     core_.reset();
@@ -231,6 +241,7 @@ class ServiceHarness {
   KvCore& core() { return *core_; }
   KvService& service() { return *service_; }
   DescriptorServer* descriptors() { return descriptors_.get(); }
+  CommitRingServer* rings() { return rings_.get(); }
   v1::KvCache::Stub& stub() { return *stub_; }
   const std::string& socket() const { return socket_; }
   std::string target() const { return "unix:" + socket_; }
@@ -305,6 +316,7 @@ class ServiceHarness {
   std::unique_ptr<KvCore> core_;
   std::unique_ptr<KvService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<CommitRingServer> rings_;
   std::unique_ptr<DescriptorServer> descriptors_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::KvCache::Stub> stub_;

@@ -1,0 +1,242 @@
+// kvarn::CommitRing (client/lib/commit_ring.h) against an in-process daemon serving rings:
+// the ring commits the same state as CommitBatch, gives its errors with the same codes and
+// messages, refuses what it cannot carry before writing anything, and stops once the session
+// or the ring is gone.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/lib/client.h"
+#include "client/lib/commit_ring.h"
+#include "kernels/fp16.h"
+#include "tests/client/lib/in_process_daemon.h"
+
+namespace kvarn::testing {
+namespace {
+
+using Code = absl::StatusCode;
+using Items = std::vector<std::pair<uint64_t, std::vector<uint32_t>>>;
+
+class CommitRingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    h_ = std::make_unique<InProcessDaemon>();
+    ASSERT_TRUE(h_->Start({}).ok());
+    auto c = Client::Connect(h_->target(), {}, absl::Seconds(10));
+    ASSERT_TRUE(c.ok()) << c.status();
+    client_ = std::move(*c);
+  }
+  void TearDown() override {
+    sessions_.clear();
+    client_.reset();
+    EXPECT_TRUE(h_->CheckInvariants().ok()) << h_->CheckInvariants();
+  }
+  Session* Open(const std::string& tenant, uint32_t slots = 4, bool map = true) {
+    Client* c = client_.get();
+    if (!map) {
+      ClientOptions o;
+      o.map_pool = false;
+      auto other = Client::Connect(h_->target(), o, absl::Seconds(10));
+      EXPECT_TRUE(other.ok());
+      unmapped_ = std::move(*other);
+      c = unmapped_.get();
+    }
+    auto d = c->Describe();
+    EXPECT_TRUE(d.ok());
+    SessionOptions o;
+    o.tenant = tenant;
+    o.layout = Client::LayoutOf(*d);
+    o.max_sequences = slots;
+    auto s = c->OpenSession(o);
+    EXPECT_TRUE(s.ok()) << s.status();
+    sessions_.push_back(std::move(*s));
+    return sessions_.back().get();
+  }
+  std::vector<uint64_t> Sequences(Session* s, int n) {
+    std::vector<uint64_t> out;
+    for (int i = 0; i < n; ++i) out.push_back(s->CreateSequence({})->id);
+    return out;
+  }
+
+  std::unique_ptr<InProcessDaemon> h_;
+  std::unique_ptr<Client> client_, unmapped_;
+  std::vector<std::unique_ptr<Session>> sessions_;
+};
+
+// Two tenants (so no block is shared between them) append the same K/V, one by CommitBatch,
+// one by its ring, in steps of 1 and 3 tokens over two tiles and a part: every result, every
+// sealed block's bytes and every Read agree.
+TEST_F(CommitRingTest, RingCommitsTheSameStateAsCommitBatch) {
+  Session* a = Open("tenant-a");
+  Session* b = Open("tenant-b");
+  auto ring = b->OpenCommitRing();
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  const std::vector<uint64_t> qa = Sequences(a, 3), qb = Sequences(b, 3);
+  const int g = a->block_layout().tile_tokens;
+  uint32_t token = 0;
+  for (int step = 0; token < static_cast<uint32_t>(2 * g + 20); ++step) {
+    Items ia, ib;
+    for (size_t i = 0; i < qa.size(); ++i) {
+      // Sequence 1 commits 3 tokens a step where its tail has room, the others 1.
+      const int room = g - static_cast<int>(a->Table(qa[i])->tail_tokens);
+      const int n = (i == 1 && room >= 3) ? 3 : 1;
+      const std::vector<float> kv = TestKv(n, 1000 * step + static_cast<uint32_t>(i));
+      const std::vector<uint32_t> ids = TestTokenIds(token, n);
+      ASSERT_TRUE(a->Stage(qa[i], n, kv.data(), kv.data(), DType::kF32).ok());
+      ASSERT_TRUE(b->Stage(qb[i], n, kv.data(), kv.data(), DType::kF32).ok());
+      ia.push_back({qa[i], ids});
+      ib.push_back({qb[i], ids});
+    }
+    token += 1;
+    auto ra = a->CommitBatch(ia);
+    auto rb = (*ring)->Commit(ib);
+    ASSERT_TRUE(ra.ok() && rb.ok()) << ra.status() << " " << rb.status();
+    for (size_t i = 0; i < qa.size(); ++i) {
+      ASSERT_TRUE((*ra)[i].ok() && (*rb)[i].ok()) << (*ra)[i].status() << " " << (*rb)[i].status();
+      EXPECT_EQ((*ra)[i]->sealed, (*rb)[i]->sealed);
+      EXPECT_EQ((*ra)[i]->table.tokens, (*rb)[i]->table.tokens);
+      EXPECT_EQ((*ra)[i]->table.tail_tokens, (*rb)[i]->table.tail_tokens);
+      EXPECT_EQ((*ra)[i]->table.quant_blocks.size(), (*rb)[i]->table.quant_blocks.size());
+      EXPECT_EQ((*ra)[i]->table.has_sink, (*rb)[i]->table.has_sink);
+    }
+  }
+  const BlockLayout& l = a->block_layout();
+  for (size_t i = 0; i < qa.size(); ++i) {
+    const SequenceTable ta = *a->Table(qa[i]), tb = *b->Table(qb[i]);
+    ASSERT_EQ(ta.quant_blocks.size(), tb.quant_blocks.size());
+    ASSERT_GE(ta.quant_blocks.size(), 1u);
+    for (size_t k = 0; k < ta.quant_blocks.size(); ++k) {
+      EXPECT_NE(ta.quant_blocks[k], tb.quant_blocks[k]) << "tenants share no blocks";
+      EXPECT_EQ(std::memcmp(a->QuantBlock(ta.quant_blocks[k]), b->QuantBlock(tb.quant_blocks[k]), l.quant_block_bytes()), 0)
+          << "sequence " << i << " block " << k;
+    }
+    ASSERT_TRUE(ta.has_sink && tb.has_sink);
+    EXPECT_EQ(std::memcmp(a->SinkBlock(ta.sink_block), b->SinkBlock(tb.sink_block), l.fp16_block_bytes()), 0);
+    for (int layer = 0; layer < l.num_layers; ++layer) {
+      std::vector<float> ka, va, kb, vb;
+      ASSERT_TRUE(a->Read(qa[i], layer, 0, static_cast<uint32_t>(ta.tokens), &ka, &va).ok());
+      ASSERT_TRUE(b->Read(qb[i], layer, 0, static_cast<uint32_t>(tb.tokens), &kb, &vb).ok());
+      EXPECT_EQ(ka, kb);
+      EXPECT_EQ(va, vb);
+    }
+  }
+  EXPECT_EQ(h_->calls("AppendBatch"), static_cast<int>(token));  // the ring took no RPC
+}
+
+TEST_F(CommitRingTest, ErrorsComeBackWithCommitBatchsCodesAndMessages) {
+  Session* s = Open("tenant-a");
+  auto ring = s->OpenCommitRing();
+  ASSERT_TRUE(ring.ok());
+  const std::vector<uint64_t> q = Sequences(s, 3);
+  const std::vector<float> kv = TestKv(1, 5);
+  const auto both = [&](const Items& items) {
+    auto rb = s->CommitBatch(items);
+    auto rr = (*ring)->Commit(items);
+    ASSERT_EQ(rb.ok(), rr.ok());
+    ASSERT_TRUE(rb.ok());
+    ASSERT_EQ(rb->size(), rr->size());
+    for (size_t i = 0; i < rb->size(); ++i) {
+      EXPECT_EQ((*rb)[i].status().code(), (*rr)[i].status().code()) << i;
+      EXPECT_EQ((*rb)[i].status().message(), (*rr)[i].status().message()) << i;
+    }
+  };
+  // Client-side: an unknown sequence, ids that do not match the staged count.
+  both({{424242, {1}}, {q[0], {1, 2}}});
+  // Daemon-side: one sequence twice in a batch (busy), after a NaN the worker wrote itself.
+  ASSERT_TRUE(s->Stage(q[1], 1, kv.data(), kv.data(), DType::kF32).ok());
+  {
+    auto rb = s->CommitBatch({{q[1], {7}}, {q[1], {7}}});
+    ASSERT_TRUE(rb.ok());
+    EXPECT_TRUE((*rb)[0].ok());
+    EXPECT_EQ((*rb)[1].status().code(), Code::kFailedPrecondition);
+    ASSERT_TRUE(s->Stage(q[1], 1, kv.data(), kv.data(), DType::kF32).ok());
+    auto rr = (*ring)->Commit({{q[1], {8}}, {q[1], {8}}});
+    ASSERT_TRUE(rr.ok());
+    EXPECT_TRUE((*rr)[0].ok());
+    EXPECT_EQ((*rr)[1].status().code(), Code::kFailedPrecondition);
+    EXPECT_EQ((*rr)[1].status().message(), (*rb)[1].status().message());
+  }
+  auto slot = s->TailSlot(q[2]);
+  ASSERT_TRUE(slot.ok());
+  const BlockLayout& l = s->block_layout();
+  const uint16_t nan = 0x7E00;
+  std::memcpy(slot->first + l.Fp16KeysOffset(0, 0) + static_cast<size_t>(slot->second) * l.head_dim * 2, &nan, 2);
+  ASSERT_TRUE(s->MarkStaged(q[2], 1).ok());
+  auto rb = s->CommitBatch({{q[2], {9}}});
+  auto rr = (*ring)->Commit({{q[2], {9}}});
+  ASSERT_TRUE(rb.ok() && rr.ok());
+  EXPECT_EQ((*rb)[0].status().code(), Code::kInvalidArgument);
+  EXPECT_EQ((*rr)[0].status().code(), Code::kInvalidArgument);
+  EXPECT_EQ((*rb)[0].status().message(), (*rr)[0].status().message());
+  EXPECT_EQ(*h_->SequenceTokens(s->Ref(), q[2]), 0u) << "a rejected commit changes nothing";
+}
+
+TEST_F(CommitRingTest, ABatchBeyondTheRingIsRefusedBeforeAnythingIsWritten) {
+  Session* s = Open("tenant-a", 3);
+  auto ring = s->OpenCommitRing();
+  ASSERT_TRUE(ring.ok());
+  EXPECT_EQ((*ring)->capacity(), 4u);  // 3 tail slots, rounded up
+  const uint64_t q = Sequences(s, 1)[0];
+  const std::vector<float> kv = TestKv(1, 1);
+  ASSERT_TRUE(s->Stage(q, 1, kv.data(), kv.data(), DType::kF32).ok());
+  const Items five(5, {q, {1}});
+  auto r = (*ring)->Commit(five);
+  EXPECT_EQ(r.status().code(), Code::kResourceExhausted) << r.status();
+  EXPECT_NE(r.status().message().find("exceeds the ring's 4 records"), std::string::npos) << r.status();
+  EXPECT_EQ(*h_->SequenceTokens(s->Ref(), q), 0u);
+  // The staged token is still staged; the ring still serves.
+  auto ok = (*ring)->Commit({{q, {1}}});
+  ASSERT_TRUE(ok.ok() && (*ok)[0].ok()) << ok.status();
+  EXPECT_EQ((*ok)[0]->table.tokens, 1u);
+}
+
+TEST_F(CommitRingTest, MoreTokensThanARecordCarriesGoByCommitBatch) {
+  Session* s = Open("tenant-a");
+  auto ring = s->OpenCommitRing();
+  ASSERT_TRUE(ring.ok());
+  const uint64_t q = Sequences(s, 1)[0];
+  const int n = static_cast<int>(ring::kRecordTokens) + 1;
+  const std::vector<float> kv = TestKv(n, 2);
+  ASSERT_TRUE(s->Stage(q, n, kv.data(), kv.data(), DType::kF32).ok());
+  auto r = (*ring)->Commit({{q, TestTokenIds(0, n)}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ((*r)[0].status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(*h_->SequenceTokens(s->Ref(), q), 0u);
+  auto b = s->CommitBatch({{q, TestTokenIds(0, n)}});
+  ASSERT_TRUE(b.ok() && (*b)[0].ok());
+}
+
+TEST_F(CommitRingTest, OneRingPerSessionAndNoneWithoutSharedMemory) {
+  Session* s = Open("tenant-a");
+  ASSERT_TRUE(s->OpenCommitRing().ok());
+  EXPECT_EQ(s->OpenCommitRing().status().code(), Code::kAlreadyExists);
+  Session* remote = Open("tenant-a", 2, /*map=*/false);
+  EXPECT_EQ(remote->OpenCommitRing().status().code(), Code::kFailedPrecondition);
+}
+
+TEST_F(CommitRingTest, EndedSessionIsTheCallsNotFoundAndClosesTheRing) {
+  Session* s = Open("tenant-a");
+  auto ring = s->OpenCommitRing();
+  ASSERT_TRUE(ring.ok());
+  const uint64_t q = Sequences(s, 1)[0];
+  const std::vector<float> kv = TestKv(1, 3);
+  ASSERT_TRUE(s->Stage(q, 1, kv.data(), kv.data(), DType::kF32).ok());
+  ASSERT_TRUE(h_->CloseSession(s->Ref()).ok());
+  auto batch = s->CommitBatch({{q, {1}}});
+  auto r = (*ring)->Commit({{q, {1}}});
+  EXPECT_EQ(batch.status().code(), Code::kNotFound);
+  EXPECT_EQ(r.status().code(), Code::kNotFound);
+  // The ring is closed for good.
+  auto again = (*ring)->Commit({{q, {1}}});
+  EXPECT_FALSE(again.ok());
+  EXPECT_EQ(h_->rings_broken(), 1u);
+}
+
+}  // namespace
+}  // namespace kvarn::testing
