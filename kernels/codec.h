@@ -71,8 +71,9 @@ struct SequenceView {
 //  kFast: what the implementation does fastest within the accuracy contract: the attention
 //    output's error against exact attention over the original K/V is at most 1% (relative)
 //    above kExact's (tests/kernels/attend_accuracy_test.cc). The SIMD codec uses integer dot
-//    products (an int8 query, u8 softmax weights) for kvarn_k4v2 presets at D = 128 on CPUs
-//    with AVX-512 VNNI; everywhere else kFast is kExact.
+//    products (an int8 query, u8 softmax weights) for rotating presets of 4-bit keys and 2-bit
+//    values (kvarn_k4v2_*, hadamard_k4v2_*) at D = 128 on CPUs with AVX-512 VNNI and VBMI;
+//    everywhere else kFast is kExact.
 enum class AttendPrecision { kFast, kExact };
 
 class Codec {

@@ -12,8 +12,8 @@
 // and merged once at the end with a log-sum-exp combine.
 //
 // Two paths over quantized tiles: the exact one (the fp32 fold, equal to attention over
-// DecodeTile's output to fp32 rounding) and, for kvarn_k4v2 records of D = 128 on CPUs with
-// AVX-512 VNNI, the fast one (simd_attend_int-inl.h): per tile and query head the folded query
+// DecodeTile's output to fp32 rounding) and, for rotating 4-bit-key 2-bit-value presets at
+// D = 128 on CPUs with AVX-512 VNNI and VBMI, the fast one (simd_attend_int-inl.h): per tile and query head the folded query
 // q * a_K is rounded to int8 and the softmax weights p * a_V to u8, each with one scale, and
 // the dot products over the codes are integer. What the rounding drops on average (its sum
 // times the mean code, 7.5 or 1.5) is added back exactly with the offsets. Its extra error
@@ -92,14 +92,16 @@ constexpr size_t StepBytes(size_t lanes) {
 
 // Fetches the next tile's record a cache line per step of the current tile's loops. Records
 // are wherever the pool put them, so the hardware prefetcher cannot find the next one, and a
-// burst of prefetches at once would overflow the core's outstanding misses.
+// burst of prefetches at once would overflow the core's outstanding misses. Into L2 (T1), not
+// L1: with cold caches that measured ~20% faster steps (tests/bench/attend_bench.cc), the L1
+// fill buffers being left to the current tile's demand loads.
 class Prefetcher {
  public:
   Prefetcher(const uint8_t* next, size_t bytes)
       : next_(next), end_(next == nullptr ? next : next + bytes) {}
   HWY_INLINE void Step() {
     if (next_ < end_) {
-      hwy::Prefetch(next_);
+      __builtin_prefetch(next_, /*rw=*/0, /*locality=*/2);  // prefetcht1
       next_ += 64;
     }
   }
@@ -319,15 +321,25 @@ void AttendTile(const Preset& p, size_t d, int heads, const uint8_t* record, con
 #if KVARN_ATTEND_VNNI
 // Working memory of the fast path: D = 128, G <= 128, up to 64 query heads.
 struct IntScratch {
-  alignas(64) int8_t qi[64 * 128];    // [H][D] int8 folded queries, natural channel order
-  alignas(64) int32_t si[64 * 128];   // [H][G] integer scores, token-plane order
+  alignas(64) int8_t qi[64 * 128];     // [H][D] int8 folded queries, natural channel order
+  alignas(64) int8_t qi_lo[64 * 128];  // [H][D] their second level, or zeros
+  alignas(64) int32_t si[64 * 128];    // [H][G] integer scores, token-plane order
+  alignas(64) int32_t si_lo[64 * 128]; // [H][G] the second level's
   alignas(64) uint8_t wu[64 * 128];   // [H][G] u8 weights, natural token order
   alignas(64) int32_t vi[64 * 128];   // [H][D] integer value sums, channel-plane order
-  float qscale[64], qres[64], wscale[64];
+  float qscale[64], qscale_lo[64], wscale[64];
+  bool refined[64];
 };
 
+// The score error (nats) above which a head's folded query takes a second int8 level.
+// 0.05 keeps the measured rise of the error at most 0.3% on the accuracy test's data, and
+// refines none of the benchmark's Gaussian heads (tests/bench/attend_bench.cc).
+constexpr float kRefineLogit = 0.05f;
+
+// Rotating presets only: without the rotation (kivi) outlier channels dominate the folded
+// query's int8 scale, and on `kvarnctl codec synth` data the error rose 1.6% (measured).
 bool FastPathApplies(const Preset& p, size_t d) {
-  return vnni::HasVnni() && p.key_bits == 4 && p.value_bits == 2 && d == 128 &&
+  return vnni::HasVnni() && p.rotates() && p.key_bits == 4 && p.value_bits == 2 && d == 128 &&
          p.tile_tokens % 64 == 0 && p.tile_tokens <= 128;
 }
 
@@ -365,6 +377,14 @@ void AttendTileFast(const Preset& p, size_t d, int heads, const uint8_t* record,
   WidenPlaneOrder(record + l.v_b, g, p.key_bits, b_v);
   WidenPlaneOrder(record + l.v_c, d, p.value_bits, c_v);
 
+  // The rounding of the folded query to int8 moves a score by about
+  // scale * r_K * |q a_K - rounded| * (spread of the codes, at most 4.6 for uniform 4-bit
+  // codes): where that could exceed kRefineLogit nats for some token, the head takes a
+  // second int8 level (twice the key dots, errors 1/254 as large). The decision is the
+  // head's own, so a head's output does not depend on the group it is computed in.
+  VF rmax = hn::Zero(df);
+  for (size_t i = 0; i < g; i += N) rmax = hn::Max(rmax, hn::Abs(hn::LoadU(df, r_k + i)));
+  const float score_gain = scale * ReduceMax(rmax) * 4.6f;
   float beta[64];
   for (int h = 0; h < heads; ++h) {
     const float* HWY_RESTRICT q = queries + h * d;
@@ -374,19 +394,27 @@ void AttendTileFast(const Preset& p, size_t d, int heads, const uint8_t* record,
       hn::StoreU(hn::Mul(qv, hn::LoadU(df, a_k + c)), df, w + h * d + c);
       bsum = hn::MulAdd(qv, hn::LoadU(df, b_k + c), bsum);
     }
-    is.qscale[h] = vnni::QuantizeQuery(w + h * d, d, is.qi + h * d, &is.qres[h]);
-    beta[h] = ReduceSum(bsum) + 7.5f * is.qres[h];  // the mean key code is 7.5
+    vnni::QueryLevels lv = vnni::QuantizeQuery(w + h * d, d, is.qi + h * d, is.qi_lo + h * d, false);
+    is.refined[h] = lv.rest_norm * score_gain > kRefineLogit;
+    if (is.refined[h]) lv = vnni::QuantizeQuery(w + h * d, d, is.qi + h * d, is.qi_lo + h * d, true);
+    is.qscale[h] = lv.s_hi;
+    is.qscale_lo[h] = lv.s_lo;
+    beta[h] = ReduceSum(bsum) + 7.5f * lv.residual;  // the mean key code is 7.5
   }
   for (int h0 = 0; h0 < heads; h0 += kMaxHeadBlock) {
     const int hb = std::min(kMaxHeadBlock, heads - h0);
     const uint8_t* codes = record + l.k_codes;
-    const int8_t* qi = is.qi + h0 * d;
-    int32_t* si = is.si + h0 * g;
-    switch (hb) {
-      case 1: KeyDotsInt<1>(codes, g, d, qi, si, prefetch); break;
-      case 2: KeyDotsInt<2>(codes, g, d, qi, si, prefetch); break;
-      case 3: KeyDotsInt<3>(codes, g, d, qi, si, prefetch); break;
-      default: KeyDotsInt<4>(codes, g, d, qi, si, prefetch); break;
+    bool refine = false;
+    for (int h = h0; h < h0 + hb; ++h) refine |= is.refined[h];
+    for (int level = 0; level < (refine ? 2 : 1); ++level) {
+      const int8_t* qi = (level == 0 ? is.qi : is.qi_lo) + h0 * d;
+      int32_t* si = (level == 0 ? is.si : is.si_lo) + h0 * g;
+      switch (hb) {
+        case 1: KeyDotsInt<1>(codes, g, d, qi, si, prefetch); break;
+        case 2: KeyDotsInt<2>(codes, g, d, qi, si, prefetch); break;
+        case 3: KeyDotsInt<3>(codes, g, d, qi, si, prefetch); break;
+        default: KeyDotsInt<4>(codes, g, d, qi, si, prefetch); break;
+      }
     }
   }
 
@@ -397,12 +425,13 @@ void AttendTileFast(const Preset& p, size_t d, int heads, const uint8_t* record,
   float rescale[64], pb[64];
   for (int h = 0; h < heads; ++h) {
     const int32_t* si = is.si + h * g;
+    const int32_t* si_lo = is.refined[h] ? is.si_lo + h * g : nullptr;
     uint8_t* wu = is.wu + h * g;
     if (g == 128) {
-      vnni::SoftmaxWeights<8>(si, is.qscale[h], beta[h], rks, a_v, b_v, &st.max[h], &st.sum[h],
+      vnni::SoftmaxWeights<8>(si, is.qscale[h], si_lo, is.qscale_lo[h], beta[h], rks, a_v, b_v, &st.max[h], &st.sum[h],
                               &rescale[h], wu, &is.wscale[h], &pb[h]);
     } else {
-      vnni::SoftmaxWeights<4>(si, is.qscale[h], beta[h], rks, a_v, b_v, &st.max[h], &st.sum[h],
+      vnni::SoftmaxWeights<4>(si, is.qscale[h], si_lo, is.qscale_lo[h], beta[h], rks, a_v, b_v, &st.max[h], &st.sum[h],
                               &rescale[h], wu, &is.wscale[h], &pb[h]);
     }
   }

@@ -163,30 +163,58 @@ KVARN_VNNI_ATTR void ValueSums(const uint8_t* HWY_RESTRICT codes, size_t g,
   }
 }
 
-// Rounds x[0..n) (natural order) to int8 with one scale, max|x| / 127. Returns the scale and
-// in *residual the sum of x - scale * q, the part of sum_c x[c] * code[c] that the mean code
-// carries and the caller adds back. n a multiple of 16.
-KVARN_VNNI_ATTR inline float QuantizeQuery(const float* HWY_RESTRICT x, size_t n,
-                                           int8_t* HWY_RESTRICT q, float* residual) {
+// The folded query of one head for one tile, x[0..n) (natural channel order), rounded to
+// int8 in one or two levels: hi with scale max|x| / 127, and, when `refine`, the rest
+// x - s_hi * hi to int8 again with its own scale (about 1/254 of the first). *s_lo is 0 and lo
+// all zeros without refine. Returns in *residual the sum of what is left (x - s_hi hi -
+// s_lo lo), the part of sum_c x[c] * code[c] that the mean code carries and the caller adds
+// back, and in *rest_norm the L2 norm of x - s_hi * hi. n a multiple of 16, at most 512.
+struct QueryLevels {
+  float s_hi = 0, s_lo = 0, residual = 0, rest_norm = 0;
+};
+KVARN_VNNI_ATTR inline QueryLevels QuantizeQuery(const float* HWY_RESTRICT x, size_t n,
+                                                 int8_t* HWY_RESTRICT hi, int8_t* HWY_RESTRICT lo,
+                                                 bool refine) {
+  QueryLevels r;
   __m512 mx = _mm512_setzero_ps();
   for (size_t i = 0; i < n; i += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
   const float m = _mm512_reduce_max_ps(mx);
   if (!(m > 0.0f)) {
-    for (size_t i = 0; i < n; ++i) q[i] = 0;
-    *residual = 0.0f;
-    return 0.0f;
+    for (size_t i = 0; i < n; ++i) hi[i] = lo[i] = 0;
+    return r;
   }
-  const float scale = m / 127.0f;
-  const __m512 inv = _mm512_set1_ps(127.0f / m), sv = _mm512_set1_ps(scale);
-  __m512 res = _mm512_setzero_ps();
+  r.s_hi = m / 127.0f;
+  alignas(64) float rest[512];
+  const __m512 inv = _mm512_set1_ps(127.0f / m), sv = _mm512_set1_ps(r.s_hi);
+  __m512 sum = _mm512_setzero_ps(), sq = _mm512_setzero_ps(), rmx = _mm512_setzero_ps();
   for (size_t i = 0; i < n; i += 16) {
     const __m512 xv = _mm512_loadu_ps(x + i);
     const __m512i qv = _mm512_cvtps_epi32(_mm512_mul_ps(xv, inv));  // nearest even
-    res = _mm512_add_ps(res, _mm512_sub_ps(xv, _mm512_mul_ps(_mm512_cvtepi32_ps(qv), sv)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtsepi32_epi8(qv));
+    const __m512 e = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(qv), sv, xv);
+    _mm512_store_ps(rest + i, e);
+    sum = _mm512_add_ps(sum, e);
+    sq = _mm512_fmadd_ps(e, e, sq);
+    rmx = _mm512_max_ps(rmx, _mm512_abs_ps(e));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + i), _mm512_cvtsepi32_epi8(qv));
   }
-  *residual = _mm512_reduce_add_ps(res);
-  return scale;
+  r.rest_norm = std::sqrt(_mm512_reduce_add_ps(sq));
+  const float rm = _mm512_reduce_max_ps(rmx);
+  if (!refine || !(rm > 0.0f)) {
+    for (size_t i = 0; i < n; ++i) lo[i] = 0;
+    r.residual = _mm512_reduce_add_ps(sum);
+    return r;
+  }
+  r.s_lo = rm / 127.0f;
+  const __m512 inv2 = _mm512_set1_ps(127.0f / rm), sv2 = _mm512_set1_ps(r.s_lo);
+  sum = _mm512_setzero_ps();
+  for (size_t i = 0; i < n; i += 16) {
+    const __m512 ev = _mm512_load_ps(rest + i);
+    const __m512i qv = _mm512_cvtps_epi32(_mm512_mul_ps(ev, inv2));
+    sum = _mm512_add_ps(sum, _mm512_fnmadd_ps(_mm512_cvtepi32_ps(qv), sv2, ev));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + i), _mm512_cvtsepi32_epi8(qv));
+  }
+  r.residual = _mm512_reduce_add_ps(sum);
+  return r;
 }
 
 // e^x for x <= 0 (and -inf): 2^(x log2 e) split into an integer and a fraction in
@@ -207,23 +235,30 @@ KVARN_VNNI_ATTR inline __m512 ExpNonPositive(__m512 x) {
 }
 
 // One query head's share of a tile after its key dots, in registers: scores
-// x = (qscale * si + beta) * rks (rks = r_K * softmax scale, token-plane order), the online
+// x = (qscale * si + qscale_lo * si_lo + beta) * rks (si_lo may be null) (rks = r_K * softmax scale, token-plane order), the online
 // softmax update of (*max, *sum), and the weights p * a_V rounded to u8 in natural token
 // order (*wscale their scale). Returns in *rescale the factor for the accumulator and in *pb
 // sum_t p b_V plus what the weights' rounding drops on average (mean value code 1.5).
 template <size_t kVecs>  // g / 16, at most 8
-KVARN_VNNI_ATTR inline void SoftmaxWeights(const int32_t* HWY_RESTRICT si, float qscale, float beta,
+KVARN_VNNI_ATTR inline void SoftmaxWeights(const int32_t* HWY_RESTRICT si, float qscale,
+                                           const int32_t* HWY_RESTRICT si_lo, float qscale_lo,
+                                           float beta,
                                            const float* HWY_RESTRICT rks,
                                            const float* HWY_RESTRICT a_v,
                                            const float* HWY_RESTRICT b_v, float* max, float* sum,
                                            float* rescale, uint8_t* HWY_RESTRICT w,
                                            float* wscale, float* pb) {
-  const __m512 qs = _mm512_set1_ps(qscale), bv = _mm512_set1_ps(beta);
+  const __m512 qs = _mm512_set1_ps(qscale), qs_lo = _mm512_set1_ps(qscale_lo);
+  const __m512 bv = _mm512_set1_ps(beta);
   __m512 x[kVecs];
   __m512 mx = _mm512_set1_ps(-HUGE_VALF);
   for (size_t i = 0; i < kVecs; ++i) {
     const __m512 dot = _mm512_cvtepi32_ps(_mm512_loadu_si512(si + 16 * i));
-    x[i] = _mm512_mul_ps(_mm512_fmadd_ps(dot, qs, bv), _mm512_loadu_ps(rks + 16 * i));
+    __m512 y = _mm512_fmadd_ps(dot, qs, bv);
+    if (si_lo != nullptr) {
+      y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(si_lo + 16 * i)), qs_lo, y);
+    }
+    x[i] = _mm512_mul_ps(y, _mm512_loadu_ps(rks + 16 * i));
     mx = _mm512_max_ps(mx, x[i]);
   }
   const float m_new = std::max(*max, _mm512_reduce_max_ps(mx));
