@@ -7,12 +7,14 @@
 //    reference's butterflies;
 //  - the scaled tile is cur = t / exp(Lc) / exp(Lr), two IEEE float divisions in that order,
 //    with exp(L) rounded to float (kept in shared memory, or recomputed where it does not fit);
-//  - every std is the reference's two-pass Bessel std: mean and sum of squared deviations in
-//    double over the float cur values, rounded to float once. Only the order of the double
-//    sums differs, which changes the float result only when it lies within ~1e-16 of a
-//    rounding boundary;
+//  - every std is a Bessel std accumulated in double over the float cur values and rounded
+//    to float once, as the CPU's (kvarn_math.h BalanceStd). The CPU fixes one summation
+//    order (shifted sums); here the sums are two-pass and in a parallel order, which changes
+//    the float result only when the double lies within ~1e-15 of a float rounding boundary;
 //  - log-scales, imbalance, best-so-far selection (ties accepted) and RTN are the same float
-//    operations; exp and log are correctly rounded (ExpF, LogF), where the CPU uses libm.
+//    operations, and exp and log the CPU's too (kvarn_math.h ExpF, LogF: double, rounded);
+//  - the quantized tile is B = T / Sc* / Sr* in that order, step = (hi - lo) / qmax,
+//    a = Sr* step, b = Sr* lo (docs/codec_arithmetic.md).
 // The translation unit is compiled with -fmad=false so that no a*b+c is fused.
 //
 // The spec's matrices are K as [D][G] (rows = channels) and V as [G][D] (rows = tokens);
