@@ -366,7 +366,6 @@ void AttendTileFast(const Preset& p, size_t d, int heads, const uint8_t* record,
   float* HWY_RESTRICT b_v = s.b_v.get();
   float* HWY_RESTRICT c_v = s.c_v.get();
   const float* HWY_RESTRICT queries = s.q.get();
-  float* HWY_RESTRICT w = s.w.get();
   float* HWY_RESTRICT scores = s.scores.get();
   float* HWY_RESTRICT acc_q = s.acc_q.get();
   Prefetcher prefetch(next, l.total);
@@ -387,19 +386,12 @@ void AttendTileFast(const Preset& p, size_t d, int heads, const uint8_t* record,
   const float score_gain = scale * ReduceMax(rmax) * 4.6f;
   float beta[64];
   for (int h = 0; h < heads; ++h) {
-    const float* HWY_RESTRICT q = queries + h * d;
-    VF bsum = hn::Zero(df);
-    for (size_t c = 0; c < d; c += N) {
-      const VF qv = hn::LoadU(df, q + c);
-      hn::StoreU(hn::Mul(qv, hn::LoadU(df, a_k + c)), df, w + h * d + c);
-      bsum = hn::MulAdd(qv, hn::LoadU(df, b_k + c), bsum);
-    }
-    vnni::QueryLevels lv = vnni::QuantizeQuery(w + h * d, d, is.qi + h * d, is.qi_lo + h * d, false);
-    is.refined[h] = lv.rest_norm * score_gain > kRefineLogit;
-    if (is.refined[h]) lv = vnni::QuantizeQuery(w + h * d, d, is.qi + h * d, is.qi_lo + h * d, true);
+    const vnni::QueryLevels lv = vnni::FoldQuery(queries + h * d, a_k, b_k, d, score_gain,
+                                                 kRefineLogit, is.qi + h * d, is.qi_lo + h * d);
+    is.refined[h] = lv.refined;
     is.qscale[h] = lv.s_hi;
     is.qscale_lo[h] = lv.s_lo;
-    beta[h] = ReduceSum(bsum) + 7.5f * lv.residual;  // the mean key code is 7.5
+    beta[h] = lv.beta;
   }
   for (int h0 = 0; h0 < heads; h0 += kMaxHeadBlock) {
     const int hb = std::min(kMaxHeadBlock, heads - h0);
@@ -479,24 +471,47 @@ void AttendFp16(size_t d, int heads, const uint16_t* keys, const uint16_t* value
     }
   }
   for (int h = 0; h < heads; ++h) {
-    float* sc = scores + h * g;
+    float* HWY_RESTRICT sc = scores + h * g;
     const float m_new = std::max(st.max[h], *std::max_element(sc, sc + tokens));
     const float rescale = std::exp(st.max[h] - m_new);
     st.max[h] = m_new;
-    float sum = 0.0f;
-    for (size_t t = 0; t < tokens; ++t) sum += (sc[t] = std::exp(sc[t] - m_new));
+    const VF mv = hn::Set(df, m_new);
+    VF psum = hn::Zero(df);
+    size_t t = 0;
+    for (; t + N <= tokens; t += N) {
+      const VF pr = hn::Exp(df, hn::Sub(hn::LoadU(df, sc + t), mv));
+      hn::StoreU(pr, df, sc + t);
+      psum = hn::Add(psum, pr);
+    }
+    float sum = ReduceSum(psum);
+    for (; t < tokens; ++t) sum += (sc[t] = std::exp(sc[t] - m_new));
     st.sum[h] = st.sum[h] * rescale + sum;
     float* acc = acc_h + h * d;
     const VF rs = hn::Set(df, rescale);
     for (size_t c = 0; c < d; c += N) hn::StoreU(hn::Mul(hn::LoadU(df, acc + c), rs), df, acc + c);
   }
-  for (size_t t = 0; t < tokens; ++t) {
-    const uint16_t* v = values + t * d;
-    for (size_t c = 0; c < d; c += N) {
-      const VF vv = LoadHalf(v + c);
-      for (int h = 0; h < heads; ++h) {
-        float* acc = acc_h + h * d;
-        hn::StoreU(hn::MulAdd(hn::Set(df, scores[h * g + t]), vv, hn::LoadU(df, acc + c)), df, acc + c);
+  // acc[h][c] += sum_t p[h][t] v[t][c], a register block of (up to) 4 heads x 4 vectors of
+  // channels at a time.
+  constexpr size_t kVecs = 4;
+  for (int h0 = 0; h0 < heads; h0 += kMaxHeadBlock) {
+    const int hb = std::min(kMaxHeadBlock, heads - h0);
+    for (size_t c0 = 0; c0 < d; c0 += kVecs * N) {
+      const size_t nv = std::min(kVecs, (d - c0) / N);
+      VF acc[kMaxHeadBlock][kVecs];
+      for (int h = 0; h < hb; ++h) {
+        for (size_t j = 0; j < nv; ++j) acc[h][j] = hn::LoadU(df, acc_h + (h0 + h) * d + c0 + j * N);
+      }
+      for (size_t t = 0; t < tokens; ++t) {
+        const uint16_t* v = values + t * d + c0;
+        VF vv[kVecs];
+        for (size_t j = 0; j < nv; ++j) vv[j] = LoadHalf(v + j * N);
+        for (int h = 0; h < hb; ++h) {
+          const VF pv = hn::Set(df, scores[(h0 + h) * g + t]);
+          for (size_t j = 0; j < nv; ++j) acc[h][j] = hn::MulAdd(pv, vv[j], acc[h][j]);
+        }
+      }
+      for (int h = 0; h < hb; ++h) {
+        for (size_t j = 0; j < nv; ++j) hn::StoreU(acc[h][j], df, acc_h + (h0 + h) * d + c0 + j * N);
       }
     }
   }

@@ -163,57 +163,66 @@ KVARN_VNNI_ATTR void ValueSums(const uint8_t* HWY_RESTRICT codes, size_t g,
   }
 }
 
-// The folded query of one head for one tile, x[0..n) (natural channel order), rounded to
-// int8 in one or two levels: hi with scale max|x| / 127, and, when `refine`, the rest
-// x - s_hi * hi to int8 again with its own scale (about 1/254 of the first). *s_lo is 0 and lo
-// all zeros without refine. Returns in *residual the sum of what is left (x - s_hi hi -
-// s_lo lo), the part of sum_c x[c] * code[c] that the mean code carries and the caller adds
-// back, and in *rest_norm the L2 norm of x - s_hi * hi. n a multiple of 16, at most 512.
+// The folded query of one head for one tile, x = q * a_K (natural channel order), rounded to
+// int8 in one or two levels: hi with scale max|x| / 127 and, when the first level's error
+// could move a score by more than `refine_above` (its L2 norm times `score_gain`), the rest
+// x - s_hi * hi rounded to int8 again with its own scale (about 1/254 of the first); else
+// s_lo is 0 and lo all zeros. Also returns beta = sum_c q b_K plus the sum of what is left
+// after rounding times the mean code 7.5 (the part of sum_c x code that the mean carries).
+// d a multiple of 16, at most 128.
 struct QueryLevels {
-  float s_hi = 0, s_lo = 0, residual = 0, rest_norm = 0;
+  float s_hi = 0, s_lo = 0, beta = 0;
+  bool refined = false;
 };
-KVARN_VNNI_ATTR inline QueryLevels QuantizeQuery(const float* HWY_RESTRICT x, size_t n,
-                                                 int8_t* HWY_RESTRICT hi, int8_t* HWY_RESTRICT lo,
-                                                 bool refine) {
+KVARN_VNNI_ATTR inline QueryLevels FoldQuery(const float* HWY_RESTRICT q,
+                                             const float* HWY_RESTRICT a_k,
+                                             const float* HWY_RESTRICT b_k, size_t d,
+                                             float score_gain, float refine_above,
+                                             int8_t* HWY_RESTRICT hi, int8_t* HWY_RESTRICT lo) {
+  constexpr size_t kMaxVecs = 8;
+  const size_t vecs = d / 16;
   QueryLevels r;
-  __m512 mx = _mm512_setzero_ps();
-  for (size_t i = 0; i < n; i += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+  __m512 x[kMaxVecs];
+  __m512 mx = _mm512_setzero_ps(), bsum = _mm512_setzero_ps();
+  for (size_t i = 0; i < vecs; ++i) {
+    const __m512 qv = _mm512_loadu_ps(q + 16 * i);
+    x[i] = _mm512_mul_ps(qv, _mm512_loadu_ps(a_k + 16 * i));
+    bsum = _mm512_fmadd_ps(qv, _mm512_loadu_ps(b_k + 16 * i), bsum);
+    mx = _mm512_max_ps(mx, _mm512_abs_ps(x[i]));
+  }
   const float m = _mm512_reduce_max_ps(mx);
+  r.beta = _mm512_reduce_add_ps(bsum);
   if (!(m > 0.0f)) {
-    for (size_t i = 0; i < n; ++i) hi[i] = lo[i] = 0;
+    for (size_t i = 0; i < d; ++i) hi[i] = lo[i] = 0;
     return r;
   }
   r.s_hi = m / 127.0f;
-  alignas(64) float rest[512];
   const __m512 inv = _mm512_set1_ps(127.0f / m), sv = _mm512_set1_ps(r.s_hi);
   __m512 sum = _mm512_setzero_ps(), sq = _mm512_setzero_ps(), rmx = _mm512_setzero_ps();
-  for (size_t i = 0; i < n; i += 16) {
-    const __m512 xv = _mm512_loadu_ps(x + i);
-    const __m512i qv = _mm512_cvtps_epi32(_mm512_mul_ps(xv, inv));  // nearest even
-    const __m512 e = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(qv), sv, xv);
-    _mm512_store_ps(rest + i, e);
-    sum = _mm512_add_ps(sum, e);
-    sq = _mm512_fmadd_ps(e, e, sq);
-    rmx = _mm512_max_ps(rmx, _mm512_abs_ps(e));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + i), _mm512_cvtsepi32_epi8(qv));
+  for (size_t i = 0; i < vecs; ++i) {
+    const __m512i qv = _mm512_cvtps_epi32(_mm512_mul_ps(x[i], inv));  // nearest even
+    x[i] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(qv), sv, x[i]);     // what is left
+    sum = _mm512_add_ps(sum, x[i]);
+    sq = _mm512_fmadd_ps(x[i], x[i], sq);
+    rmx = _mm512_max_ps(rmx, _mm512_abs_ps(x[i]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + 16 * i), _mm512_cvtsepi32_epi8(qv));
   }
-  r.rest_norm = std::sqrt(_mm512_reduce_add_ps(sq));
   const float rm = _mm512_reduce_max_ps(rmx);
-  if (!refine || !(rm > 0.0f)) {
-    for (size_t i = 0; i < n; ++i) lo[i] = 0;
-    r.residual = _mm512_reduce_add_ps(sum);
+  r.refined = std::sqrt(_mm512_reduce_add_ps(sq)) * score_gain > refine_above && rm > 0.0f;
+  if (!r.refined) {
+    for (size_t i = 0; i < d; i += 16) _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + i), _mm_setzero_si128());
+    r.beta += 7.5f * _mm512_reduce_add_ps(sum);
     return r;
   }
   r.s_lo = rm / 127.0f;
   const __m512 inv2 = _mm512_set1_ps(127.0f / rm), sv2 = _mm512_set1_ps(r.s_lo);
   sum = _mm512_setzero_ps();
-  for (size_t i = 0; i < n; i += 16) {
-    const __m512 ev = _mm512_load_ps(rest + i);
-    const __m512i qv = _mm512_cvtps_epi32(_mm512_mul_ps(ev, inv2));
-    sum = _mm512_add_ps(sum, _mm512_fnmadd_ps(_mm512_cvtepi32_ps(qv), sv2, ev));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + i), _mm512_cvtsepi32_epi8(qv));
+  for (size_t i = 0; i < vecs; ++i) {
+    const __m512i qv = _mm512_cvtps_epi32(_mm512_mul_ps(x[i], inv2));
+    sum = _mm512_add_ps(sum, _mm512_fnmadd_ps(_mm512_cvtepi32_ps(qv), sv2, x[i]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + 16 * i), _mm512_cvtsepi32_epi8(qv));
   }
-  r.residual = _mm512_reduce_add_ps(sum);
+  r.beta += 7.5f * _mm512_reduce_add_ps(sum);
   return r;
 }
 

@@ -22,7 +22,9 @@
 //
 // Run pinned: `taskset -c 1 build/bin/kvarn_attend_bench` for one core, `taskset -c 0,1 ...`
 // for the two-thread lines (workers are pinned to the CPUs of the process's mask in order).
-// Flags: --reps=N (default 15), --exact (also time AttendPrecision::kExact).
+// Flags: --reps=N (default 15), --exact (also time AttendPrecision::kExact), --warm (no
+// eviction: the compute alone, for comparing kernels on a busy machine; not the target's
+// condition), --tiles=N (one sequence length: N quantized tiles per kv-head).
 #include <pthread.h>
 #include <sched.h>
 #include <time.h>
@@ -246,13 +248,13 @@ struct Timing {
 
 // Median cold step over `reps` steps: every worker evicts, then attends its share of kv-heads.
 Timing TimeSteps(Workers& workers, const Preset& p, const Workload& wl, AttendPrecision precision,
-                 int reps) {
+                 int reps, bool warm) {
   std::vector<float> out(static_cast<size_t>(kKvHeads) * kHeadsPerKv * kHeadDim);
   std::vector<double> wall, cpu;
   std::vector<double> worker_cpu(static_cast<size_t>(workers.size()));
   for (int rep = 0; rep < reps + 1; ++rep) {  // the first step warms code and scratch
     workers.Run([&](int w) {
-      Evict(w);
+      if (!warm) Evict(w);
       workers.Sync();
       const double c0 = ThreadCpuSeconds();
       const int per = kKvHeads / workers.size();
@@ -274,12 +276,15 @@ Timing TimeSteps(Workers& workers, const Preset& p, const Workload& wl, AttendPr
 
 int Main(int argc, char** argv) {
   int reps = 15;
-  bool exact = false;
+  bool exact = false, warm = false;
+  int only_tiles = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--reps=", 7) == 0) reps = std::max(1, std::atoi(argv[i] + 7));
     else if (std::strcmp(argv[i], "--exact") == 0) exact = true;
+    else if (std::strcmp(argv[i], "--warm") == 0) warm = true;
+    else if (std::strncmp(argv[i], "--tiles=", 8) == 0) only_tiles = std::max(1, std::atoi(argv[i] + 8));
     else {
-      std::fprintf(stderr, "usage: %s [--reps=N] [--exact]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--reps=N] [--exact] [--warm] [--tiles=N]\n", argv[0]);
       return 2;
     }
   }
@@ -289,8 +294,10 @@ int Main(int argc, char** argv) {
   sched_getaffinity(0, sizeof(mask), &mask);
   const int cpus = CPU_COUNT(&mask);
   std::printf("kvarn_attend_bench: fused decode attention, kvarn_k4v2_g128, D=128, 8 kv-heads x GQA 4,\n"
-              "caches evicted before every step (128 MiB streamed per worker); SIMD target %s;\n"
+              "%s; SIMD target %s;\n"
               "%d CPU(s) in this process's mask; medians of %d steps.\n",
+              warm ? "WARM: no eviction (--warm), not the target's condition"
+                   : "caches evicted before every step (128 MiB streamed per worker)",
               std::string(Codec::Simd().target()).c_str(), cpus, reps);
   std::vector<int> thread_counts = {1};
   if (cpus >= 2) thread_counts.push_back(2);
@@ -298,7 +305,11 @@ int Main(int argc, char** argv) {
 
   const std::vector<uint8_t> unique = UniqueRecords(p);
   std::vector<Workload> loads;
-  for (int tiles : {31, 255, 1023}) loads.push_back(MakeWorkload(p, unique, tiles));
+  if (only_tiles > 0) {
+    loads.push_back(MakeWorkload(p, unique, only_tiles));
+  } else {
+    for (int tiles : {31, 255, 1023}) loads.push_back(MakeWorkload(p, unique, tiles));
+  }
 
   std::printf("\n%-8s %-7s %-5s %9s %9s %9s %9s %10s %7s %7s  %s\n", "tokens", "threads", "path",
               "MB/step", "wall ms", "cpu ms", "limit ms", "GB/s wall", "ratio", "target", "vs 1 thread (wall)");
@@ -313,7 +324,7 @@ int Main(int argc, char** argv) {
       const Workload& wl = loads[li];
       for (AttendPrecision prec : {AttendPrecision::kFast, AttendPrecision::kExact}) {
         if (prec == AttendPrecision::kExact && !exact) continue;
-        const Timing t = TimeSteps(workers, p, wl, prec, reps);
+        const Timing t = TimeSteps(workers, p, wl, prec, reps, warm);
         double& one = one_thread_wall[2 * li + (prec == AttendPrecision::kExact ? 1 : 0)];
         if (n == 1) one = t.wall_s;
         char speedup[64] = "";
