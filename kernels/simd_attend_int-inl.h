@@ -165,7 +165,8 @@ KVARN_VNNI_ATTR void ValueSums(const uint8_t* HWY_RESTRICT codes, size_t g,
 
 // The folded query of one head for one tile, x = q * a_K (natural channel order), rounded to
 // int8 in one or two levels: hi with scale max|x| / 127 and, when the first level's error
-// could move a score by more than `refine_above` (its L2 norm times `score_gain`), the rest
+// could move a score by more than `refine_above` (its L2 norm times `score_gain`; the norm
+// taken as that of uniform rounding errors, s_hi * sqrt(d / 12), which needs no pass), the rest
 // x - s_hi * hi rounded to int8 again with its own scale (about 1/254 of the first); else
 // s_lo is 0 and lo all zeros. Also returns beta = sum_c q b_K plus the sum of what is left
 // after rounding times the mean code 7.5 (the part of sum_c x code that the mean carries).
@@ -198,17 +199,21 @@ KVARN_VNNI_ATTR inline QueryLevels FoldQuery(const float* HWY_RESTRICT q,
   }
   r.s_hi = m / 127.0f;
   const __m512 inv = _mm512_set1_ps(127.0f / m), sv = _mm512_set1_ps(r.s_hi);
-  __m512 sum = _mm512_setzero_ps(), sq = _mm512_setzero_ps(), rmx = _mm512_setzero_ps();
+  __m512 sum = _mm512_setzero_ps();
   for (size_t i = 0; i < vecs; ++i) {
     const __m512i qv = _mm512_cvtps_epi32(_mm512_mul_ps(x[i], inv));  // nearest even
     x[i] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(qv), sv, x[i]);     // what is left
     sum = _mm512_add_ps(sum, x[i]);
-    sq = _mm512_fmadd_ps(x[i], x[i], sq);
-    rmx = _mm512_max_ps(rmx, _mm512_abs_ps(x[i]));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + 16 * i), _mm512_cvtsepi32_epi8(qv));
   }
-  const float rm = _mm512_reduce_max_ps(rmx);
-  r.refined = std::sqrt(_mm512_reduce_add_ps(sq)) * score_gain > refine_above && rm > 0.0f;
+  r.refined = r.s_hi * std::sqrt(static_cast<float>(d) / 12.0f) * score_gain > refine_above;
+  float rm = 0.0f;
+  if (r.refined) {
+    __m512 rmx = _mm512_setzero_ps();
+    for (size_t i = 0; i < vecs; ++i) rmx = _mm512_max_ps(rmx, _mm512_abs_ps(x[i]));
+    rm = _mm512_reduce_max_ps(rmx);
+    r.refined = rm > 0.0f;
+  }
   if (!r.refined) {
     for (size_t i = 0; i < d; i += 16) _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + i), _mm_setzero_si128());
     r.beta += 7.5f * _mm512_reduce_add_ps(sum);
