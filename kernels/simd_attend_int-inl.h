@@ -170,7 +170,7 @@ KVARN_VNNI_ATTR void ValueSums(const uint8_t* HWY_RESTRICT codes, size_t g,
 // x - s_hi * hi rounded to int8 again with its own scale (about 1/254 of the first); else
 // s_lo is 0 and lo all zeros. Also returns beta = sum_c q b_K plus the sum of what is left
 // after rounding times the mean code 7.5 (the part of sum_c x code that the mean carries).
-// d a multiple of 16, at most 128.
+// REQUIRES: d == 128.
 struct QueryLevels {
   float s_hi = 0, s_lo = 0, beta = 0;
   bool refined = false;
@@ -180,10 +180,10 @@ KVARN_VNNI_ATTR inline QueryLevels FoldQuery(const float* HWY_RESTRICT q,
                                              const float* HWY_RESTRICT b_k, size_t d,
                                              float score_gain, float refine_above,
                                              int8_t* HWY_RESTRICT hi, int8_t* HWY_RESTRICT lo) {
-  constexpr size_t kMaxVecs = 8;
-  const size_t vecs = d / 16;
+  constexpr size_t vecs = 8;  // d = 128, a constant so that x stays in registers
+  (void)d;
   QueryLevels r;
-  __m512 x[kMaxVecs];
+  __m512 x[vecs];
   __m512 mx = _mm512_setzero_ps(), bsum = _mm512_setzero_ps();
   for (size_t i = 0; i < vecs; ++i) {
     const __m512 qv = _mm512_loadu_ps(q + 16 * i);
@@ -194,7 +194,7 @@ KVARN_VNNI_ATTR inline QueryLevels FoldQuery(const float* HWY_RESTRICT q,
   const float m = _mm512_reduce_max_ps(mx);
   r.beta = _mm512_reduce_add_ps(bsum);
   if (!(m > 0.0f)) {
-    for (size_t i = 0; i < d; ++i) hi[i] = lo[i] = 0;
+    for (size_t i = 0; i < 16 * vecs; ++i) hi[i] = lo[i] = 0;
     return r;
   }
   r.s_hi = m / 127.0f;
@@ -206,7 +206,7 @@ KVARN_VNNI_ATTR inline QueryLevels FoldQuery(const float* HWY_RESTRICT q,
     sum = _mm512_add_ps(sum, x[i]);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + 16 * i), _mm512_cvtsepi32_epi8(qv));
   }
-  r.refined = r.s_hi * std::sqrt(static_cast<float>(d) / 12.0f) * score_gain > refine_above;
+  r.refined = r.s_hi * std::sqrt(16.0f * vecs / 12.0f) * score_gain > refine_above;
   float rm = 0.0f;
   if (r.refined) {
     __m512 rmx = _mm512_setzero_ps();
@@ -215,7 +215,7 @@ KVARN_VNNI_ATTR inline QueryLevels FoldQuery(const float* HWY_RESTRICT q,
     r.refined = rm > 0.0f;
   }
   if (!r.refined) {
-    for (size_t i = 0; i < d; i += 16) _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + i), _mm_setzero_si128());
+    for (size_t i = 0; i < vecs; ++i) _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + 16 * i), _mm_setzero_si128());
     r.beta += 7.5f * _mm512_reduce_add_ps(sum);
     return r;
   }
