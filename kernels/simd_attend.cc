@@ -461,13 +461,18 @@ void AttendFp16(size_t d, int heads, const uint16_t* keys, const uint16_t* value
   float* HWY_RESTRICT scores = s.scores.get();  // [H][tokens]
   const float* HWY_RESTRICT queries = s.q.get();
   float* HWY_RESTRICT acc_h = s.acc_h.get();
+  // Each key vector is widened once for a block of up to 4 heads.
   for (size_t t = 0; t < tokens; ++t) {
     const uint16_t* k = keys + t * d;
-    for (int h = 0; h < heads; ++h) {
-      const float* q = queries + h * d;
-      VF acc = hn::Zero(df);
-      for (size_t c = 0; c < d; c += N) acc = hn::MulAdd(hn::LoadU(df, q + c), LoadHalf(k + c), acc);
-      scores[h * g + t] = ReduceSum(acc) * scale;
+    for (int h0 = 0; h0 < heads; h0 += kMaxHeadBlock) {
+      const int hb = std::min(kMaxHeadBlock, heads - h0);
+      VF acc[kMaxHeadBlock];
+      for (int h = 0; h < hb; ++h) acc[h] = hn::Zero(df);
+      for (size_t c = 0; c < d; c += N) {
+        const VF kv = LoadHalf(k + c);
+        for (int h = 0; h < hb; ++h) acc[h] = hn::MulAdd(hn::LoadU(df, queries + (h0 + h) * d + c), kv, acc[h]);
+      }
+      for (int h = 0; h < hb; ++h) scores[(h0 + h) * g + t] = ReduceSum(acc[h]) * scale;
     }
   }
   for (int h = 0; h < heads; ++h) {
