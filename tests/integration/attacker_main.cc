@@ -21,6 +21,14 @@
 //       OpenSession as another tenant with a guessed token.
 //   kvarn_attacker hoard --target=T --tenant=X [--token=Y] --slots=N
 //       Sessions of N tail slots until refused; holds them until stdin closes.
+//   kvarn_attacker ring --target=T --tenant=X [--token=Y]
+//                       [--victim-session=S --victim-epoch=E --victim-secret=HEX]
+//       Opens a mapped session of its own (4 sequences) and its commit ring; with a leaked
+//       victim secret, tries to take the victim's ring. Prints READY, then until stdin closes
+//       scribbles random bytes over its records, completions and tail slots, publishes whole
+//       rings of them (a quarter naming its own sequences) and spams the doorbell; at stdin
+//       EOF it moves its tail out of bounds and reports RINGSUMMARY rounds=.. doorbells=..
+//       completed=.. broken=<the code the daemon closed the ring with>.
 //   kvarn_attacker watchers --target=T --tenant=X [--token=Y] --n=N
 //       N Watch streams on one session; reports how many the daemon refused; holds the rest
 //       until stdin closes.
@@ -37,12 +45,14 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -50,6 +60,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/lib/client.h"
+#include "client/lib/commit_ring.h"
+#include "common/commit_ring.h"
 #include "client/lib/descriptor_client.h"
 #include "tests/integration/harness.h"
 
@@ -483,6 +495,76 @@ int Watchers(Client& client, const std::map<std::string, std::string>& f) {
   return 0;
 }
 
+int Ring(const std::map<std::string, std::string>& f) {
+  ClientOptions co;
+  co.rpc_timeout = absl::Seconds(20);
+  auto mapped = Client::Connect(Flag(f, "target"), co, absl::Seconds(10));
+  if (!mapped.ok()) return 1;
+  std::unique_ptr<Session> own = OpenOwn(**mapped, f, 4);
+  if (own == nullptr) return 1;
+  if (f.count("victim-session") != 0) {
+    v1::SessionRef victim;
+    victim.set_session_id(FlagU64(f, "victim-session"));
+    victim.set_epoch(FlagU64(f, "victim-epoch"));
+    victim.set_secret(Unhex(Flag(f, "victim-secret")));
+    auto r = FetchCommitRing((*mapped)->socket_path() + ".fd", victim);
+    Attack("victim_commit_ring", r.ok(), absl::StrCat("code_", static_cast<int>(r.status().code())));
+  }
+  std::vector<uint64_t> seqs;
+  for (int i = 0; i < 4; ++i) seqs.push_back(own->CreateSequence({})->id);
+  auto ring = own->OpenCommitRing();
+  if (!ring.ok()) {
+    Say(absl::StrCat("ERROR OpenCommitRing code=", static_cast<int>(ring.status().code())));
+    return 1;
+  }
+  auto* h = reinterpret_cast<ring::Header*>((*ring)->raw_memory());
+  const uint32_t cap = (*ring)->capacity();
+  auto* records = reinterpret_cast<ring::Record*>((*ring)->raw_memory() + ring::RecordsOffset());
+  uint8_t* completions = (*ring)->raw_memory() + ring::CompletionsOffset(cap);
+  uint8_t* tail = own->TailSlot(seqs[0]).value().first;
+  const size_t tail_bytes = own->block_layout().fp16_block_bytes() * 4;
+  std::atomic<bool> stop{false};
+  std::thread eof([&] {
+    WaitForStdinEof();
+    stop.store(true);
+  });
+  Say(absl::StrCat("READY capacity=", cap));
+  std::mt19937_64 rng(getpid());
+  uint64_t rounds = 0, doorbells = 0;
+  const uint64_t one = 1;
+  const auto bell = [&] {
+    if (write((*ring)->doorbell_fd(), &one, sizeof(one)) == sizeof(one)) ++doorbells;
+  };
+  while (!stop.load()) {
+    for (uint32_t i = 0; i < cap; ++i) {
+      auto* w = reinterpret_cast<uint64_t*>(&records[i]);
+      for (size_t k = 0; k < sizeof(ring::Record) / 8; ++k) w[k] = rng();
+      if (i % 4 == 0) {
+        records[i].sequence = seqs[rng() % seqs.size()];
+        records[i].tokens = static_cast<uint32_t>(rng() % (ring::kRecordTokens + 2));
+      }
+    }
+    for (size_t k = 0; k < cap * sizeof(ring::Completion); k += 8) reinterpret_cast<uint64_t*>(completions + k)[0] = rng();
+    for (int k = 0; k < 64; ++k) reinterpret_cast<uint64_t*>(tail)[rng() % (tail_bytes / 8)] = rng();
+    // A whole ring of garbage once the daemon has taken the last one (within bounds: the
+    // ring stays open, so the daemon keeps reading what this process writes).
+    const uint32_t done = h->done.load(std::memory_order_acquire);
+    h->tail.store(done + cap, std::memory_order_release);
+    for (int k = 0; k < 50; ++k) bell();
+    for (int spin = 0; spin < 100000 && h->done.load() != done + cap && h->broken.load() == 0; ++spin) bell();
+    ++rounds;
+    if (h->broken.load() != 0) break;
+  }
+  const uint64_t completed = h->done.load();
+  h->tail.store(h->done.load() + cap + 1, std::memory_order_release);
+  bell();
+  for (int i = 0; i < 5000 && h->broken.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  Say(absl::StrCat("RINGSUMMARY rounds=", rounds, " doorbells=", doorbells, " completed=", completed,
+                   " broken=", h->broken.load()));
+  eof.join();
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: kvarn_attacker probe|keepalive|memory|impersonate|hoard|watchers --target=...\n");
@@ -512,6 +594,7 @@ int Main(int argc, char** argv) {
   if (mode == "impersonate") return Impersonate(**client, f);
   if (mode == "hoard") return Hoard(**client, f);
   if (mode == "watchers") return Watchers(**client, f);
+  if (mode == "ring") return Ring(f);
   Say("ERROR unknown mode");
   return 2;
 }

@@ -16,6 +16,10 @@
 //       waits for GO on stdin (the test stops and resumes it meanwhile),
 //       then tries every call on its old sequence and session, printing RESULT op=.. code=..,
 //       scribbles over its tail slot, and prints DONE.
+//   kvarn_test_client ringloop --target=T --tenant=X --seqs=N
+//       N sequences committing one token each per step through the session's commit ring,
+//       forever (to be killed mid-commit); prints READY, then STEP n=<steps done> every 16
+//       steps.
 #include <unistd.h>
 
 #include <chrono>
@@ -29,6 +33,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/lib/client.h"
+#include "client/lib/commit_ring.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/kv_data.h"
 
@@ -166,6 +171,35 @@ int Hung(Session& session, const std::map<std::string, std::string>& f) {
   return 0;
 }
 
+int RingLoop(Session& session, const std::map<std::string, std::string>& f) {
+  const int n = static_cast<int>(FlagU64(f, "seqs", 8));
+  auto ring = session.OpenCommitRing();
+  if (!ring.ok()) return Fail("OpenCommitRing", ring.status());
+  std::vector<uint64_t> seqs;
+  for (int i = 0; i < n; ++i) {
+    auto q = session.CreateSequence({});
+    if (!q.ok()) return Fail("CreateSequence", q.status());
+    seqs.push_back(q->id);
+  }
+  Say("READY");
+  std::vector<std::pair<uint64_t, std::vector<uint32_t>>> items;
+  for (uint64_t q : seqs) items.push_back({q, {0}});
+  for (uint32_t step = 0;; ++step) {
+    const std::vector<uint32_t> ids = {step};
+    const KvData kv = MakeKv(ids, SmallLayout(), getpid());
+    for (auto& [q, tok] : items) {
+      if (absl::Status st = session.Stage(q, 1, kv.keys.data(), kv.values.data(), DType::kF16); !st.ok()) return Fail("Stage", st);
+      tok[0] = step;
+    }
+    auto r = (*ring)->Commit(items);
+    if (!r.ok()) return Fail("Commit", r.status());
+    for (const auto& it : *r) {
+      if (!it.ok()) return Fail("Commit item", it.status());
+    }
+    if (step % 16 == 15) Say(absl::StrCat("STEP n=", step + 1));
+  }
+}
+
 int Main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: kvarn_test_client share|hold|hung --target=... --tenant=...\n");
@@ -196,6 +230,7 @@ int Main(int argc, char** argv) {
   if (mode == "share") return Share(**session, f);
   if (mode == "hold") return Hold(**session, f);
   if (mode == "hung") return Hung(**session, f);
+  if (mode == "ringloop") return RingLoop(**session, f);
   Say("ERROR unknown mode");
   return 2;
 }
