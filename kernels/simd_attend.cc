@@ -452,6 +452,52 @@ void AttendTileFast(const Preset& p, size_t d, int heads, const uint8_t* record,
 }
 #endif  // KVARN_ATTEND_VNNI
 
+// scores[h][t] = scale * q[h] . k[t] for H heads; each key vector is widened once.
+template <int H>
+void Fp16Scores(size_t d, const float* HWY_RESTRICT q, const uint16_t* HWY_RESTRICT keys,
+                size_t tokens, float scale, float* HWY_RESTRICT scores) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  for (size_t t = 0; t < tokens; ++t) {
+    const uint16_t* k = keys + t * d;
+    VF acc[H];
+    for (int h = 0; h < H; ++h) acc[h] = hn::Zero(df);
+    for (size_t c = 0; c < d; c += N) {
+      const VF kv = LoadHalf(k + c);
+      for (int h = 0; h < H; ++h) acc[h] = hn::MulAdd(hn::LoadU(df, q + h * d + c), kv, acc[h]);
+    }
+    for (int h = 0; h < H; ++h) scores[h * tokens + t] = ReduceSum(acc[h]) * scale;
+  }
+}
+
+// acc[h][c] += sum_t p[h][t] v[t][c] for H heads, a register block of H x 4 vectors of
+// channels at a time (d / N is a multiple of 4 for every head_dim and target).
+template <int H>
+void Fp16Values(size_t d, const uint16_t* HWY_RESTRICT values, size_t tokens,
+                const float* HWY_RESTRICT p, size_t p_stride, float* HWY_RESTRICT acc_h) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  constexpr size_t kVecs = 4;
+  for (size_t c0 = 0; c0 < d; c0 += kVecs * N) {
+    VF acc[H][kVecs];
+    for (int h = 0; h < H; ++h) {
+      for (size_t j = 0; j < kVecs; ++j) acc[h][j] = hn::LoadU(df, acc_h + h * d + c0 + j * N);
+    }
+    for (size_t t = 0; t < tokens; ++t) {
+      const uint16_t* v = values + t * d + c0;
+      VF vv[kVecs];
+      for (size_t j = 0; j < kVecs; ++j) vv[j] = LoadHalf(v + j * N);
+      for (int h = 0; h < H; ++h) {
+        const VF pv = hn::Set(df, p[h * p_stride + t]);
+        for (size_t j = 0; j < kVecs; ++j) acc[h][j] = hn::MulAdd(pv, vv[j], acc[h][j]);
+      }
+    }
+    for (int h = 0; h < H; ++h) {
+      for (size_t j = 0; j < kVecs; ++j) hn::StoreU(acc[h][j], df, acc_h + h * d + c0 + j * N);
+    }
+  }
+}
+
 // Folds fp16 tokens (storage frame) into the fp16 softmax state and its natural-order
 // accumulator.
 void AttendFp16(size_t d, int heads, const uint16_t* keys, const uint16_t* values, size_t tokens,
@@ -461,18 +507,12 @@ void AttendFp16(size_t d, int heads, const uint16_t* keys, const uint16_t* value
   float* HWY_RESTRICT scores = s.scores.get();  // [H][tokens]
   const float* HWY_RESTRICT queries = s.q.get();
   float* HWY_RESTRICT acc_h = s.acc_h.get();
-  // Each key vector is widened once for a block of up to 4 heads.
-  for (size_t t = 0; t < tokens; ++t) {
-    const uint16_t* k = keys + t * d;
-    for (int h0 = 0; h0 < heads; h0 += kMaxHeadBlock) {
-      const int hb = std::min(kMaxHeadBlock, heads - h0);
-      VF acc[kMaxHeadBlock];
-      for (int h = 0; h < hb; ++h) acc[h] = hn::Zero(df);
-      for (size_t c = 0; c < d; c += N) {
-        const VF kv = LoadHalf(k + c);
-        for (int h = 0; h < hb; ++h) acc[h] = hn::MulAdd(hn::LoadU(df, queries + (h0 + h) * d + c), kv, acc[h]);
-      }
-      for (int h = 0; h < hb; ++h) scores[(h0 + h) * g + t] = ReduceSum(acc[h]) * scale;
+  for (int h0 = 0; h0 < heads; h0 += kMaxHeadBlock) {
+    switch (std::min(kMaxHeadBlock, heads - h0)) {
+      case 1: Fp16Scores<1>(d, queries + h0 * d, keys, tokens, scale, scores + h0 * g); break;
+      case 2: Fp16Scores<2>(d, queries + h0 * d, keys, tokens, scale, scores + h0 * g); break;
+      case 3: Fp16Scores<3>(d, queries + h0 * d, keys, tokens, scale, scores + h0 * g); break;
+      default: Fp16Scores<4>(d, queries + h0 * d, keys, tokens, scale, scores + h0 * g); break;
     }
   }
   for (int h = 0; h < heads; ++h) {
@@ -495,29 +535,14 @@ void AttendFp16(size_t d, int heads, const uint16_t* keys, const uint16_t* value
     const VF rs = hn::Set(df, rescale);
     for (size_t c = 0; c < d; c += N) hn::StoreU(hn::Mul(hn::LoadU(df, acc + c), rs), df, acc + c);
   }
-  // acc[h][c] += sum_t p[h][t] v[t][c], a register block of (up to) 4 heads x 4 vectors of
-  // channels at a time.
-  constexpr size_t kVecs = 4;
   for (int h0 = 0; h0 < heads; h0 += kMaxHeadBlock) {
-    const int hb = std::min(kMaxHeadBlock, heads - h0);
-    for (size_t c0 = 0; c0 < d; c0 += kVecs * N) {
-      const size_t nv = std::min(kVecs, (d - c0) / N);
-      VF acc[kMaxHeadBlock][kVecs];
-      for (int h = 0; h < hb; ++h) {
-        for (size_t j = 0; j < nv; ++j) acc[h][j] = hn::LoadU(df, acc_h + (h0 + h) * d + c0 + j * N);
-      }
-      for (size_t t = 0; t < tokens; ++t) {
-        const uint16_t* v = values + t * d + c0;
-        VF vv[kVecs];
-        for (size_t j = 0; j < nv; ++j) vv[j] = LoadHalf(v + j * N);
-        for (int h = 0; h < hb; ++h) {
-          const VF pv = hn::Set(df, scores[(h0 + h) * g + t]);
-          for (size_t j = 0; j < nv; ++j) acc[h][j] = hn::MulAdd(pv, vv[j], acc[h][j]);
-        }
-      }
-      for (int h = 0; h < hb; ++h) {
-        for (size_t j = 0; j < nv; ++j) hn::StoreU(acc[h][j], df, acc_h + (h0 + h) * d + c0 + j * N);
-      }
+    float* acc = acc_h + h0 * d;
+    const float* p = scores + h0 * g;
+    switch (std::min(kMaxHeadBlock, heads - h0)) {
+      case 1: Fp16Values<1>(d, values, tokens, p, g, acc); break;
+      case 2: Fp16Values<2>(d, values, tokens, p, g, acc); break;
+      case 3: Fp16Values<3>(d, values, tokens, p, g, acc); break;
+      default: Fp16Values<4>(d, values, tokens, p, g, acc); break;
     }
   }
 }
