@@ -54,9 +54,14 @@ constexpr int kMaxHeadBlock = 4;  // query heads whose accumulators share the re
 // Plane order of n elements packed `bits` wide, for this target's vector length.
 void PlanePermutation(size_t n, int bits, int32_t* perm) {
   const size_t N = hn::Lanes(DF()), p = static_cast<size_t>(8 / bits);
-  for (size_t pos = 0; pos < n; ++pos) {
-    const size_t chunk = pos / (p * N), plane = (pos / N) % p, lane = pos % N;
-    perm[pos] = static_cast<int32_t>(p * (chunk * N + lane) + plane);
+  // pos = (chunk * p + plane) * N + lane, without divisions (this runs once per call).
+  size_t pos = 0;
+  for (size_t chunk = 0; pos < n; ++chunk) {
+    for (size_t plane = 0; plane < p && pos < n; ++plane) {
+      for (size_t lane = 0; lane < N && pos < n; ++lane, ++pos) {
+        perm[pos] = static_cast<int32_t>(p * (chunk * N + lane) + plane);
+      }
+    }
   }
 }
 
