@@ -165,6 +165,19 @@ HWY_INLINE VF FormCur(const float* HWY_RESTRICT src, size_t t, size_t c, size_t 
   }
 }
 
+// The fold of FoldPartials over the lanes of v (lane j += lane j + w, w = Lanes/2 .. 1): each
+// step adds the upper half of the vector to the lower half.
+template <class D>
+HWY_INLINE double FoldLanes(D d, hn::Vec<D> v) {
+  if constexpr (hn::MaxLanes(D()) == 1) {
+    return hn::GetLane(v);
+  } else {
+    const hn::Half<D> dh;
+    (void)d;
+    return FoldLanes(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  }
+}
+
 // Horizontal: the std over the channels of every token of cur (see FormCur), in
 // kChannelPartials interleaved accumulators (slot k of 16 / Lanes(dd) holds accumulators
 // k * Lanes(dd) ..), folded as FoldPartials folds them. Writes cur to cur_out if not null.
@@ -182,7 +195,6 @@ HWY_NOINLINE void RowPass(const float* HWY_RESTRICT src, size_t g, size_t d, con
   constexpr size_t kSlots = kChannelPartials / hn::MaxLanes(DD());
   static_assert(kChannelPartials % hn::MaxLanes(DF()) == 0, "a vector of floats within one partial group");
   const size_t vecs_per_group = kChannelPartials / N;  // float vectors per 16 channels
-  HWY_ALIGN double f[4][HWY_MAX_BYTES / sizeof(double)];
   for (size_t t0 = 0; t0 < g; t0 += 2) {
     VD s1[2][kSlots], s2[2][kSlots], h[2];
     for (size_t r = 0; r < 2; ++r) {
@@ -213,12 +225,8 @@ HWY_NOINLINE void RowPass(const float* HWY_RESTRICT src, size_t g, size_t d, con
           s2[r][k] = hn::Add(s2[r][k], s2[r][k + w / L]);
         }
       }
-      hn::Store(s1[r][0], dd, f[2 * r]);
-      hn::Store(s2[r][0], dd, f[2 * r + 1]);
-      FoldPartials(f[2 * r], static_cast<int>(L));
-      FoldPartials(f[2 * r + 1], static_cast<int>(L));
-      s1_out[t0 + r] = f[2 * r][0];
-      s2_out[t0 + r] = f[2 * r + 1][0];
+      s1_out[t0 + r] = FoldLanes(dd, s1[r][0]);
+      s2_out[t0 + r] = FoldLanes(dd, s2[r][0]);
     }
   }
   for (size_t t = 0; t < g; t += L) {
