@@ -234,6 +234,67 @@ HWY_NOINLINE void RowPass(const float* HWY_RESTRICT src, size_t g, size_t d, con
   }
 }
 
+// Both axes' stds of cur = u / second (FormCur<1>) in one sweep of channel strips: a
+// channel's sums stay in registers while the tokens stream past, a token's kChannelPartials
+// partial sums live in `state` (32 doubles a token) between strips. Each partial receives its
+// elements in order of channel, as in RowPass, so the sums are the same.
+template <bool kKeys>
+HWY_NOINLINE void BothPass(const float* HWY_RESTRICT u, size_t g, size_t d, const Axis& tok,
+                           const Axis& ch, double* HWY_RESTRICT state, double* HWY_RESTRICT hrow,
+                           double* HWY_RESTRICT s1_out, double* HWY_RESTRICT s2_out) {
+  const DF df;
+  const DD dd;
+  const DH dh;
+  const size_t N = hn::Lanes(df), L = hn::Lanes(dd);
+  constexpr size_t kP = kChannelPartials;
+  for (size_t c = 0; c < d; c += 2 * N) {
+    VD hc[4], a[4], q[4];
+    for (size_t t = 0; t < g; ++t) {
+      const VF x0 = FormCur<1, kKeys>(u, t, c, d, tok, ch, nullptr);
+      const VF x1 = FormCur<1, kKeys>(u, t, c + N, d, tok, ch, nullptr);
+      const VD p[4] = {hn::PromoteTo(dd, hn::LowerHalf(dh, x0)), hn::PromoteTo(dd, hn::UpperHalf(dh, x0)),
+                       hn::PromoteTo(dd, hn::LowerHalf(dh, x1)), hn::PromoteTo(dd, hn::UpperHalf(dh, x1))};
+      if (c == 0) hrow[t] = static_cast<double>(hn::GetLane(x0));
+      const VD hr = hn::Set(dd, hrow[t]);
+      double* HWY_RESTRICT st = state + t * 2 * kP;
+      for (size_t k = 0; k < 4; ++k) {
+        if (t == 0) {
+          hc[k] = p[k];
+          a[k] = q[k] = hn::Zero(dd);
+        } else {
+          const VD y = hn::Sub(p[k], hc[k]);
+          a[k] = hn::Add(a[k], y);
+          q[k] = FmaSquare(y, q[k]);
+        }
+        const size_t slot = (c + k * L) % kP;  // first accumulator of this double vector
+        const bool first = c + k * L < kP;     // the partials' first elements
+        const VD y = hn::Sub(p[k], hr);
+        const VD s1 = first ? hn::Zero(dd) : hn::Load(dd, st + slot);
+        const VD s2 = first ? hn::Zero(dd) : hn::Load(dd, st + kP + slot);
+        hn::Store(hn::Add(s1, y), dd, st + slot);
+        hn::Store(FmaSquare(y, s2), dd, st + kP + slot);
+      }
+    }
+    for (size_t k = 0; k < 4; ++k) hn::StoreU(StdsOf(a[k], q[k], g), dh, ch.std + c + k * L);
+  }
+  for (size_t t = 0; t < g; ++t) {
+    const double* HWY_RESTRICT st = state + t * 2 * kP;
+    VD s1[kP / hn::MaxLanes(DD())], s2[kP / hn::MaxLanes(DD())];
+    for (size_t k = 0; k < kP / L; ++k) s1[k] = hn::Load(dd, st + k * L), s2[k] = hn::Load(dd, st + kP + k * L);
+    for (size_t w = kP / 2; w >= L; w /= 2) {
+      for (size_t k = 0; k < w / L; ++k) {
+        s1[k] = hn::Add(s1[k], s1[k + w / L]);
+        s2[k] = hn::Add(s2[k], s2[k + w / L]);
+      }
+    }
+    s1_out[t] = FoldLanes(dd, s1[0]);
+    s2_out[t] = FoldLanes(dd, s2[0]);
+  }
+  for (size_t t = 0; t < g; t += L) {
+    hn::StoreU(StdsOf(hn::LoadU(dd, s1_out + t), hn::LoadU(dd, s2_out + t), d), dh, tok.std + t);
+  }
+}
+
 // Vertical: the std over the tokens of every channel of cur (see FormCur), each channel's
 // sums in one accumulator in token order. Strips of two float vectors of channels stay in
 // registers while the tokens stream past.
@@ -297,10 +358,11 @@ HWY_INLINE void Balance(const float* HWY_RESTRICT m, size_t g, size_t d, bool ke
   std::fill_n(tok_scale, g, 1.0f);
   std::fill_n(ch_scale, d, 1.0f);
   float* u = s.u.get();
-  float* cur = s.cur.get();
   float* tmp = s.tmp.get();
   double* s1 = s.s1.get();
   double* s2 = s.s2.get();
+  double* state = s.state.get();
+  double* hrow = s.hrow.get();
   RowPass<0, true>(m, g, d, tok, ch, nullptr, nullptr, s1, s2, tok.std);
   ColPass<0, true>(m, g, d, tok, ch, nullptr, ch.std);
   // Imb = column part + row part; the spec's columns are tokens for keys.
@@ -313,14 +375,13 @@ HWY_INLINE void Balance(const float* HWY_RESTRICT m, size_t g, size_t d, bool ke
       UpdateAxis(tok, tmp);
       ColPass<2, true>(m, g, d, tok, ch, u, ch.std);
       UpdateAxis(ch, tmp);
-      RowPass<1, true>(u, g, d, tok, ch, nullptr, cur, s1, s2, tok.std);
+      BothPass<true>(u, g, d, tok, ch, state, hrow, s1, s2);
     } else {
       UpdateAxis(ch, tmp);
       RowPass<2, false>(m, g, d, tok, ch, u, nullptr, s1, s2, tok.std);
       UpdateAxis(tok, tmp);
-      RowPass<1, false>(u, g, d, tok, ch, nullptr, cur, s1, s2, tok.std);
+      BothPass<false>(u, g, d, tok, ch, state, hrow, s1, s2);
     }
-    ColPass<0, true>(cur, g, d, tok, ch, nullptr, ch.std);
     const float imb = imbalance();
     if (imb <= best) {
       best = imb;

@@ -28,14 +28,15 @@ class ScratchArray {
 
 struct BalanceScratch {
   ScratchArray<float> u;    // T / exp(Lc) of the current iteration, [G][D]
-  ScratchArray<float> cur;  // the scaled tile after the row update, [G][D]
   // Per token and per channel: log-scale, exp(l), RN(1 / exp(l)), std.
   ScratchArray<float> l_tok, e_tok, r_tok, std_tok, l_ch, e_ch, r_ch, std_ch;
   ScratchArray<float> tmp;        // per token or per channel
-  ScratchArray<double> s1, s2;    // per token: folded shifted sums
+  ScratchArray<double> s1, s2, hrow;  // per token: folded shifted sums, shift
+  ScratchArray<double> state;         // per token: 2 x kChannelPartials partial sums
   void Reserve(size_t g, size_t d) {
-    for (ScratchArray<double>* a : {&s1, &s2}) a->Reserve(g);
-    for (ScratchArray<float>* a : {&u, &cur}) a->Reserve(g * d);
+    for (ScratchArray<double>* a : {&s1, &s2, &hrow}) a->Reserve(g);
+    state.Reserve(g * 32);
+    u.Reserve(g * d);
     for (ScratchArray<float>* a : {&l_tok, &e_tok, &r_tok, &std_tok}) a->Reserve(g);
     for (ScratchArray<float>* a : {&l_ch, &e_ch, &r_ch, &std_ch}) a->Reserve(d);
     tmp.Reserve(g > d ? g : d);
