@@ -97,10 +97,12 @@ KVARN_VNNI_ATTR void KeyDots(const uint8_t* HWY_RESTRICT codes, size_t g, size_t
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 3 * row_bytes)), 1);
       const __m512i x0 = _mm512_permutex2var_epi8(a, idx0, b);  // bytes 0..15 of the pass
       const __m512i x1 = _mm512_permutex2var_epi8(a, idx1, b);  // bytes 16..31
-      const __m512i k0 = _mm512_and_si512(x0, low);                        // even tokens
-      const __m512i k1 = _mm512_and_si512(_mm512_srli_epi16(x0, 4), low);  // odd tokens
+      // Even tokens' codes, and odd tokens' left in the high nibble (16 x the code, as u8):
+      // their sums are 16 x the dot product, shifted back at the end.
+      const __m512i k0 = _mm512_and_si512(x0, low);
+      const __m512i k1 = _mm512_andnot_si512(low, x0);
       const __m512i k2 = _mm512_and_si512(x1, low);
-      const __m512i k3 = _mm512_and_si512(_mm512_srli_epi16(x1, 4), low);
+      const __m512i k3 = _mm512_andnot_si512(low, x1);
       for (int h = 0; h < H; ++h) {
         int32_t qd;
         __builtin_memcpy(&qd, qi + h * d + c, 4);
@@ -114,7 +116,10 @@ KVARN_VNNI_ATTR void KeyDots(const uint8_t* HWY_RESTRICT codes, size_t g, size_t
     // The pass's bytes j hold tokens 2j, 2j+1: chunk (half/16 + j/16), plane 0 or 1.
     for (int h = 0; h < H; ++h) {
       int32_t* o = out + h * g + 2 * half;
-      for (int j = 0; j < 4; ++j) _mm512_storeu_si512(o + 16 * j, acc[h][j]);
+      _mm512_storeu_si512(o, acc[h][0]);
+      _mm512_storeu_si512(o + 16, _mm512_srai_epi32(acc[h][1], 4));  // exact: multiples of 16
+      _mm512_storeu_si512(o + 32, acc[h][2]);
+      _mm512_storeu_si512(o + 48, _mm512_srai_epi32(acc[h][3], 4));
     }
   }
 }
@@ -128,7 +133,8 @@ KVARN_VNNI_ATTR void ValueSums(const uint8_t* HWY_RESTRICT codes, size_t g,
                                const uint8_t* HWY_RESTRICT w, int32_t* HWY_RESTRICT out,
                                Prefetch& pf) {
   constexpr size_t kRowBytes = 32;
-  const __m512i mask = _mm512_set1_epi8(0x03);
+  const __m512i mask = _mm512_set1_epi8(0x03), mask1 = _mm512_set1_epi8(0x0C);
+  const __m512i mask2 = _mm512_set1_epi8(0x30);
   for (int chunk = 0; chunk < 2; ++chunk) {  // channels 0..63, then 64..127
     const __m512i idx = _mm512_load_si512(kQuadIndex[chunk]);
     __m512i acc[H][4];
@@ -142,10 +148,12 @@ KVARN_VNNI_ATTR void ValueSums(const uint8_t* HWY_RESTRICT codes, size_t g,
       const __m512i a = _mm512_loadu_si512(r);       // tokens t, t+1
       const __m512i b = _mm512_loadu_si512(r + 64);  // tokens t+2, t+3
       const __m512i x = _mm512_permutex2var_epi8(a, idx, b);
+      // Planes 1 and 2 stay in place (4 and 16 x the code, both below 128 as s8), plane 3 is
+      // moved down to bits 2-3 (4 x): the sums are shifted back at the end.
       const __m512i v0 = _mm512_and_si512(x, mask);
-      const __m512i v1 = _mm512_and_si512(_mm512_srli_epi16(x, 2), mask);
-      const __m512i v2 = _mm512_and_si512(_mm512_srli_epi16(x, 4), mask);
-      const __m512i v3 = _mm512_and_si512(_mm512_srli_epi16(x, 6), mask);
+      const __m512i v1 = _mm512_and_si512(x, mask1);
+      const __m512i v2 = _mm512_and_si512(x, mask2);
+      const __m512i v3 = _mm512_and_si512(_mm512_srli_epi16(x, 4), mask1);
       for (int h = 0; h < H; ++h) {
         int32_t wd;
         __builtin_memcpy(&wd, w + h * g + t, 4);
@@ -158,7 +166,10 @@ KVARN_VNNI_ATTR void ValueSums(const uint8_t* HWY_RESTRICT codes, size_t g,
     }
     for (int h = 0; h < H; ++h) {
       int32_t* o = out + h * 128 + 64 * chunk;
-      for (int j = 0; j < 4; ++j) _mm512_storeu_si512(o + 16 * j, acc[h][j]);
+      _mm512_storeu_si512(o, acc[h][0]);
+      _mm512_storeu_si512(o + 16, _mm512_srai_epi32(acc[h][1], 2));  // exact: multiples of 4
+      _mm512_storeu_si512(o + 32, _mm512_srai_epi32(acc[h][2], 4));  // of 16
+      _mm512_storeu_si512(o + 48, _mm512_srai_epi32(acc[h][3], 2));  // of 4
     }
   }
 }
