@@ -130,10 +130,9 @@ void QuantizeKeys(const float* HWY_RESTRICT m, size_t g, size_t d, int bits, Enc
   TransposeBytes(tile, g / per_byte, d, packed);  // -> channel-major [D][G/p]
 }
 
-// Values: M = V [G][D]; groups are tokens (rows). B = M / S_channel / S_token. Every row's
-// range first (rows independent, so their reductions overlap), then the codes, recomputing
-// B (bit-identical, cheaper than keeping it) and packing the p = 8/bits codes of adjacent
-// channels into each byte of the record's token-major rows.
+// Values: M = V [G][D]; groups are tokens (rows). B = M / S_channel / S_token. Per row: B
+// into an L1 buffer while its range is found, then the codes, packing the p = 8/bits codes
+// of adjacent channels into each byte of the record's token-major rows.
 void QuantizeValues(const float* HWY_RESTRICT m, size_t g, size_t d, int bits, EncodeScratch& s,
                     uint8_t* HWY_RESTRICT packed, float* HWY_RESTRICT step_out, float* HWY_RESTRICT lo_out) {
   const DF df;
@@ -143,29 +142,27 @@ void QuantizeValues(const float* HWY_RESTRICT m, size_t g, size_t d, int bits, E
   const float* HWY_RESTRICT ch_inv = s.ch_inv.get();
   const float* HWY_RESTRICT tok_scale = s.tok_scale.get();
   const float* HWY_RESTRICT tok_inv = s.tok_inv.get();
-  const auto balanced = [&](size_t t, size_t c) {
-    const VF u = DivExact(hn::LoadU(df, m + t * d + c), hn::LoadU(df, ch_scale + c), hn::LoadU(df, ch_inv + c));
-    return DivExact(u, hn::Set(df, tok_scale[t]), hn::Set(df, tok_inv[t]));
-  };
+  const CodeQuantizer quantize(bits);
+  uint8_t* HWY_RESTRICT codes = s.codes.get();
+  float* HWY_RESTRICT row = s.b.get();  // B's row t
+  const size_t row_bytes = d * bits / 8;
   for (size_t t = 0; t < g; ++t) {
+    const VF te = hn::Set(df, tok_scale[t]), tr = hn::Set(df, tok_inv[t]);
     VF lo = hn::Set(df, HUGE_VALF), hi = hn::Set(df, -HUGE_VALF);
     for (size_t c = 0; c < d; c += N) {
-      const VF x = balanced(t, c);
+      const VF u = DivExact(hn::LoadU(df, m + t * d + c), hn::LoadU(df, ch_scale + c), hn::LoadU(df, ch_inv + c));
+      const VF x = DivExact(u, te, tr);
+      hn::Store(x, df, row + c);
       lo = hn::Min(lo, x);
       hi = hn::Max(hi, x);
     }
     const float lo_s = ReduceMin(lo), hi_s = ReduceMax(hi);
     step_out[t] = std::max((hi_s - lo_s) / qmax, kStepFloor);  // QuantStep; never NaN here
     lo_out[t] = lo_s;
-  }
-  const CodeQuantizer quantize(bits);
-  uint8_t* HWY_RESTRICT codes = s.codes.get();
-  const size_t row_bytes = d * bits / 8;
-  for (size_t t = 0; t < g; ++t) {
-    const VF lo = hn::Set(df, lo_out[t]), step = hn::Set(df, step_out[t]);
+    const VF lov = hn::Set(df, lo_s), step = hn::Set(df, step_out[t]);
     const VF rstep = hn::Set(df, 1.0f / step_out[t]);
     for (size_t c = 0; c < d; c += N) {
-      hn::StoreU(hn::TruncateTo(DU8F(), hn::BitCast(DU(), quantize(balanced(t, c), lo, step, rstep))),
+      hn::StoreU(hn::TruncateTo(DU8F(), hn::BitCast(DU(), quantize(hn::Load(df, row + c), lov, step, rstep))),
                  DU8F(), codes + c);
     }
     PackCodes(codes, d, bits, packed + t * row_bytes);
