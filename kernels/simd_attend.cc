@@ -415,20 +415,18 @@ void AttendTileFast(const Preset& p, size_t d, int heads, const uint8_t* record,
     }
   }
 
-  float* HWY_RESTRICT rks = scores;  // r_K * scale, shared by the heads
-  for (size_t i = 0; i < g; i += N) {
-    hn::StoreU(hn::Mul(hn::LoadU(df, r_k + i), hn::Set(df, scale)), df, rks + i);
-  }
   float rescale[64], pb[64];
   for (int h = 0; h < heads; ++h) {
     const int32_t* si = is.si + h * g;
     const int32_t* si_lo = is.refined[h] ? is.si_lo + h * g : nullptr;
     uint8_t* wu = is.wu + h * g;
     if (g == 128) {
-      vnni::SoftmaxWeights<8>(si, is.qscale[h], si_lo, is.qscale_lo[h], beta[h], rks, a_v, b_v, &st.max[h], &st.sum[h],
+      vnni::SoftmaxWeights<8>(si, scale * is.qscale[h], si_lo, scale * is.qscale_lo[h],
+                              scale * beta[h], r_k, a_v, b_v, &st.max[h], &st.sum[h],
                               &rescale[h], wu, &is.wscale[h], &pb[h]);
     } else {
-      vnni::SoftmaxWeights<4>(si, is.qscale[h], si_lo, is.qscale_lo[h], beta[h], rks, a_v, b_v, &st.max[h], &st.sum[h],
+      vnni::SoftmaxWeights<4>(si, scale * is.qscale[h], si_lo, scale * is.qscale_lo[h],
+                              scale * beta[h], r_k, a_v, b_v, &st.max[h], &st.sum[h],
                               &rescale[h], wu, &is.wscale[h], &pb[h]);
     }
   }

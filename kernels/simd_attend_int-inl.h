@@ -260,7 +260,8 @@ KVARN_VNNI_ATTR inline __m512 ExpNonPositive(__m512 x) {
 }
 
 // One query head's share of a tile after its key dots, in registers: scores
-// x = (qscale * si + qscale_lo * si_lo + beta) * rks (si_lo may be null) (rks = r_K * softmax scale, token-plane order), the online
+// x = (qscale * si + qscale_lo * si_lo + beta) * r_k (si_lo may be null; the softmax scale
+// folded into qscale, qscale_lo and beta by the caller; r_k in token-plane order), the online
 // softmax update of (*max, *sum), and the weights p * a_V rounded to u8 in natural token
 // order (*wscale their scale). Returns in *rescale the factor for the accumulator and in *pb
 // sum_t p b_V plus what the weights' rounding drops on average (mean value code 1.5).
@@ -268,7 +269,7 @@ template <size_t kVecs>  // g / 16, at most 8
 KVARN_VNNI_ATTR inline void SoftmaxWeights(const int32_t* HWY_RESTRICT si, float qscale,
                                            const int32_t* HWY_RESTRICT si_lo, float qscale_lo,
                                            float beta,
-                                           const float* HWY_RESTRICT rks,
+                                           const float* HWY_RESTRICT r_k,
                                            const float* HWY_RESTRICT a_v,
                                            const float* HWY_RESTRICT b_v, float* max, float* sum,
                                            float* rescale, uint8_t* HWY_RESTRICT w,
@@ -283,7 +284,7 @@ KVARN_VNNI_ATTR inline void SoftmaxWeights(const int32_t* HWY_RESTRICT si, float
     if (si_lo != nullptr) {
       y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(si_lo + 16 * i)), qs_lo, y);
     }
-    x[i] = _mm512_mul_ps(y, _mm512_loadu_ps(rks + 16 * i));
+    x[i] = _mm512_mul_ps(y, _mm512_loadu_ps(r_k + 16 * i));
     mx = _mm512_max_ps(mx, x[i]);
   }
   const float m_new = std::max(*max, _mm512_reduce_max_ps(mx));
