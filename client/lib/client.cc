@@ -284,6 +284,10 @@ absl::Status Session::Check(const grpc::Status& s) {
 
 SequenceTable Session::Remember(uint64_t seq, const v1::BlockTable& table) {
   MutexLock lock(&mu_);
+  return RememberLocked(seq, table);
+}
+
+SequenceTable Session::RememberLocked(uint64_t seq, const v1::BlockTable& table) {
   SeqState& st = seqs_[seq];
   if (table.blocks_omitted()) {
     // The daemon left out the block ids: unchanged since the table we hold.
@@ -452,6 +456,7 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> Session::CommitBatch(
   grpc::ClientContext ctx;
   if (absl::Status s = Check(client_->stub().AppendBatch(Prepare(&ctx), req, &resp)); !s.ok()) return s;
   if (resp.items_size() != static_cast<int>(sent.size())) return absl::InternalError("kvarnd answered a different number of items");
+  MutexLock lock(&mu_);  // one lock for the batch's tables
   for (int k = 0; k < resp.items_size(); ++k) {
     const auto& it = resp.items(k);
     const size_t i = sent[static_cast<size_t>(k)];
@@ -459,7 +464,7 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> Session::CommitBatch(
       out[i] = absl::Status(static_cast<absl::StatusCode>(it.code()), it.message());
       continue;
     }
-    out[i] = AppendInfo{Remember(items[i].first, it.result().table()), it.result().sealed()};
+    out[i] = AppendInfo{RememberLocked(items[i].first, it.result().table()), it.result().sealed()};
   }
   return out;
 }

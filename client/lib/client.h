@@ -264,6 +264,7 @@ class Session {
   void KeepAliveLoop();
   // Records the daemon's table (merging one with omitted blocks) and returns the full table.
   SequenceTable Remember(uint64_t seq, const v1::BlockTable& table) ABSL_LOCKS_EXCLUDED(mu_);
+  SequenceTable RememberLocked(uint64_t seq, const v1::BlockTable& table) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records a ring commit's result (the table's block ids change only when it sealed);
   // INTERNAL when it does not follow the table held.
   absl::StatusOr<SequenceTable> RememberCommit(uint64_t seq, const ring::Completion& c) ABSL_LOCKS_EXCLUDED(mu_);

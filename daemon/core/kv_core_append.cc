@@ -21,7 +21,8 @@ struct KvCore::AppendPlan {
   std::optional<BlockRef> parent;
   bool own_block = false;  // a kSealing block to fill; else `block` is an existing indexed one
   BlockRef block;
-  std::vector<uint32_t> ids;
+  // The appended ids: the caller's, valid for the whole call (no copy per item).
+  std::span<const uint32_t> ids;
 };
 
 absl::StatusOr<AppendResult> KvCore::Append(const SessionRef& ref, SequenceId seq, std::span<const uint32_t> token_ids) {
@@ -55,9 +56,9 @@ absl::Status KvCore::PlanAppend(SessionState& s, SequenceId seq, std::span<const
   plan->seal = plan->n == room;
   if (plan->seal) {
     plan->cls = ClassAt(sq.sealed_tiles());
-    plan->ids = sq.tail_ids;
-    plan->ids.insert(plan->ids.end(), ids.begin(), ids.end());
-    plan->hash = ChainHash(sq.last_hash, tenants_.get(s.tenant).ns, plan->ids);
+    std::vector<uint32_t> tile = sq.tail_ids;
+    tile.insert(tile.end(), ids.begin(), ids.end());
+    plan->hash = ChainHash(sq.last_hash, tenants_.get(s.tenant).ns, tile);
     plan->parent = sq.last_block();
     if (const std::optional<BlockRef> hit = pools_.Find(plan->hash); hit.has_value() && hit->cls == plan->cls) {
       // The same tile is cached already: adopt it (held now, so it cannot be evicted).
@@ -70,9 +71,8 @@ absl::Status KvCore::PlanAppend(SessionState& s, SequenceId seq, std::span<const
       plan->block = BlockRef{plan->cls, *id};
     }
     sq.pending = plan->block;
-  } else {
-    plan->ids.assign(ids.begin(), ids.end());
   }
+  plan->ids = ids;
   sq.busy = true;
   sessions_.Renew(s, clock_->Now());
   return absl::OkStatus();

@@ -1,12 +1,18 @@
-// kvarnd end to end, measured in one run against references printed beside each figure:
+// kvarnd end to end, measured in one run against references printed beside each figure. One
+// clock throughout (std::chrono::steady_clock, wall time in this process); each row names its
+// statistic.
 //   - an empty gRPC unary call (the health check) as the latency floor, then CreateSequence,
-//     Lookup, AppendBatch (64 sequences x 1 token) and Release: p50 and p99, target p50
-//     within 1.5x the floor;
+//     Lookup and Release: p50 and p99, target p50 within 1.5x the floor;
+//   - a decode step of 64 sequences x 1 token as a worker pays it (Stage + the commit), by
+//     the AppendBatch RPC (CommitBatch) and by the commit ring, each against empty calls
+//     interleaved with its own steps; the ring's commit against its target p50 <= 50 us;
 //   - appends through shared memory (Stage + Commit) against inline appends (K/V in the
 //     request), in tokens per second, decode-style (1 token) and prefill-style (full tiles);
-//   - sealing throughput (fp16 bytes quantized per second) against the codec's own encode
-//     speed on one core;
-//   - client reads of sealed blocks in place against memcpy bandwidth (target >= half).
+//   - sealing throughput (fp16 bytes quantized per second) against the codec's own encode of
+//     distinct tiles beyond the cache on one core;
+//   - client reads of sealed blocks in place against memcpy of as many bytes, both beyond the
+//     last-level cache (target >= half); dequantization; attention with varied queries over a
+//     sequence the reads evicted from the cache.
 // It starts its own kvarnd (path from --kvarnd, default the one built beside it).
 //
 // usage: kvarn_daemon_bench [--kvarnd=PATH | --target=unix:/path] [--quick]
@@ -80,16 +86,17 @@ class HealthPinger {
   grpc::GenericStub stub_;
 };
 
-double MemcpyGBs(size_t bytes) {
-  std::vector<uint8_t> a(bytes, 1), b(bytes, 2);
-  double best = 1e30;
-  for (int r = 0; r < 5; ++r) {
-    const auto t0 = Clock::now();
-    std::memcpy(b.data(), a.data(), bytes);
-    best = std::min(best, Seconds(t0, Clock::now()));
-    a[r] = b[bytes - 1 - r];
+
+// The last-level cache as the kernel describes it (glibc's sysconf figure is the package's on
+// some AMD parts, not the cache this CPU shares).
+double L3Bytes() {
+  std::FILE* f = std::fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
+  unsigned long kib = 0;
+  if (f != nullptr) {
+    if (std::fscanf(f, "%luK", &kib) != 1) kib = 0;
+    std::fclose(f);
   }
-  return static_cast<double>(bytes) / best / 1e9;
+  return kib > 0 ? kib * 1024.0 : static_cast<double>(sysconf(_SC_LEVEL3_CACHE_SIZE));
 }
 
 struct Row {
@@ -177,6 +184,7 @@ int Main(int argc, char** argv) {
 
   std::printf("kvarnd at %s, model 8 layers x 4 kv-heads x 128, %s, host backend\n\n", target.c_str(),
               s.preset().Name().c_str());
+  std::printf("clock: std::chrono::steady_clock, wall time in this process; each row names its statistic\n\n");
   std::printf("  %-44s %-22s %-28s %s\n", "measure", "figure", "reference", "target");
 
   // 1. Latency: the floor, then the control-plane calls.
@@ -220,6 +228,7 @@ int Main(int argc, char** argv) {
   uint32_t token = 0;
   struct StepTimes {
     std::vector<double> stage, commit, total, seal;  // seal: total of the seal steps
+    std::vector<double> floor;  // an empty call after every step: the floor of the same moments
   };
   // commit(token) commits the staged step and returns whether it sealed.
   const auto run_steps = [&](int steps, auto&& commit) {
@@ -238,6 +247,7 @@ int Main(int argc, char** argv) {
       t.stage.push_back(Seconds(t0, t1) * 1e6);
       t.commit.push_back(Seconds(t1, t2) * 1e6);
       t.total.push_back(Seconds(t0, t2) * 1e6);
+      t.floor.push_back(TimeUs([&] { ping.Ping(); }));
     }
     return t;
   };
@@ -257,12 +267,20 @@ int Main(int argc, char** argv) {
   const int steps = (quick ? 2 : 4) * g;
   const StepTimes cold = run_steps(g, grpc_commit);  // fresh slots
   const StepTimes warm = run_steps(steps, grpc_commit);
+  // Each phase's figures against the empty calls interleaved with its own steps (the machine's
+  // load moves between phases; a floor taken minutes earlier would not be this one).
   const auto report_steps = [&](const std::string& name, const StepTimes& t, const std::string& commit_name) {
     const Percentiles all = Summarize(t.total), st = Summarize(t.stage), cm = Summarize(t.commit), se = Summarize(t.seal);
-    Report(name, Fmt("p50 %.1f us", all.p50), Fmt("p99 %.1f us", all.p99), verdict(all.p50));
+    const Percentiles fl = Summarize(t.floor);
+    const auto against = [&](double p50) {
+      return std::string(p50 <= 1.5 * fl.p50 ? "met" : "missed") + Fmt(" (%.2fx interleaved floor", p50 / fl.p50) +
+             Fmt(" %.1f us)", fl.p50);
+    };
+    Report(name, Fmt("p50 %.1f us", all.p50), Fmt("p99 %.1f us", all.p99), against(all.p50));
     Report("  of it Stage, 64 x 1 token (client)", Fmt("p50 %.1f us", st.p50), Fmt("p99 %.1f us", st.p99),
-           Fmt("%.2fx floor alone", st.p50 / floor.p50));
-    Report("  of it " + commit_name, Fmt("p50 %.1f us", cm.p50), Fmt("p99 %.1f us", cm.p99), verdict(cm.p50));
+           Fmt("%.2fx floor alone", st.p50 / fl.p50));
+    Report("  of it " + commit_name, Fmt("p50 %.1f us", cm.p50), Fmt("p99 %.1f us", cm.p99), against(cm.p50));
+    Report("  empty calls between its steps", Fmt("p50 %.1f us", fl.p50), Fmt("p99 %.1f us", fl.p99), "floor");
     Report(Fmt("  seal steps (%.0f, 64 tiles each)", static_cast<double>(t.seal.size())), Fmt("p50 %.1f ms", se.p50 / 1e3),
            Fmt("max %.1f ms", *std::max_element(t.seal.begin(), t.seal.end()) / 1e3));
   };
@@ -288,13 +306,18 @@ int Main(int argc, char** argv) {
   s.Release(batch).IgnoreError();
 
   // 2. Append throughput: shared memory against inline, decode-style and prefill-style.
+  // Token ids new to the pool in every run: a seal of ids sealed before would adopt the cached
+  // block instead of encoding (prefix sharing), and measure a hash lookup.
+  uint32_t fresh_ids = 1u << 24;
   const auto throughput = [&](bool inline_kv, int chunk, int tokens) {
     const uint64_t q = s.CreateSequence({})->id;
+    const uint32_t base = fresh_ids;
+    fresh_ids += static_cast<uint32_t>(tokens);
     const std::vector<uint16_t> data = kv(chunk);
     std::vector<uint32_t> ids(chunk);
     const auto t0 = Clock::now();
     for (int done = 0; done < tokens; done += chunk) {
-      std::iota(ids.begin(), ids.end(), static_cast<uint32_t>(done));
+      std::iota(ids.begin(), ids.end(), base + static_cast<uint32_t>(done));
       absl::StatusOr<AppendInfo> r = inline_kv ? s.AppendInline(q, ids, data.data(), data.data(), DType::kF16)
                                                : s.Append(q, ids, data.data(), data.data(), DType::kF16);
       if (!r.ok()) std::fprintf(stderr, "append: %s\n", r.status().ToString().c_str());
@@ -312,31 +335,62 @@ int Main(int argc, char** argv) {
   Report("append 128 tokens/call (seals), shared mem", Fmt("%.0f tokens/s", shmg), Fmt("inline: %.0f tokens/s", inlg),
          Fmt("%.2fx inline", shmg / inlg));
 
-  // 3. Sealing against the codec's own encode speed (one core, in this process).
-  const double tile_bytes = 2.0 * 2 * g * L.head_dim;  // fp16 K + V of one tile
-  const double seal_gbs = shmg / g * L.slots() * tile_bytes / 1e9;
-  std::vector<uint16_t> tile(static_cast<size_t>(g) * L.head_dim);
-  for (uint16_t& h : tile) h = FloatToHalf(nd(rng));
-  std::vector<uint8_t> record(L.record_bytes);
-  const int encodes = quick ? 200 : 1000;
-  const auto e0 = Clock::now();
-  for (int i = 0; i < encodes; ++i) {
-    Codec::Default().EncodeTile(s.preset(), L.head_dim, {tile.data(), tile.data(), DType::kF16, Frame::kStorage}, record).ok();
+  // 3. Sealing against the codec's own encode speed, one core each (--seal_threads=1), both
+  // over tiles no cache holds: the daemon seals the tails the appends wrote (the prefill
+  // throughput above, fp16 bytes per second), the reference encodes `ref_tiles` distinct
+  // tiles (64 KiB of fp16 K+V each, beyond L3 together) in this process. Median of 3 runs
+  // each, interleaved so both see the same load.
+  const double tile_bytes = 2.0 * 2 * g * L.head_dim;  // fp16 K + V of one (layer, kv-head) tile
+  const size_t ref_tiles = quick ? 768 : 2048;         // 48 / 128 MiB of fp16 input
+  std::vector<uint16_t> tiles_in(ref_tiles * 2 * static_cast<size_t>(g) * L.head_dim);
+  for (uint16_t& h : tiles_in) h = FloatToHalf(nd(rng));
+  std::vector<uint8_t> records(ref_tiles * L.record_bytes);
+  std::vector<double> seal_runs, codec_runs;
+  for (int run = 0; run < 3; ++run) {
+    seal_runs.push_back(throughput(false, g, prefill_tokens) / g * L.slots() * tile_bytes / 1e9);
+    const auto e0 = Clock::now();
+    for (size_t i = 0; i < ref_tiles; ++i) {
+      const uint16_t* k = tiles_in.data() + i * 2 * g * L.head_dim;
+      Codec::Default()
+          .EncodeTile(s.preset(), L.head_dim, {k, k + static_cast<size_t>(g) * L.head_dim, DType::kF16, Frame::kStorage},
+                      {records.data() + i * L.record_bytes, L.record_bytes})
+          .ok();
+    }
+    codec_runs.push_back(ref_tiles * tile_bytes / Seconds(e0, Clock::now()) / 1e9);
   }
-  const double codec_gbs = encodes * tile_bytes / Seconds(e0, Clock::now()) / 1e9;
-  Report("sealing (prefill appends, fp16 in)", Fmt("%.2f GB/s", seal_gbs), Fmt("codec encode %.2f GB/s/core", codec_gbs),
-         Fmt("%.0f%% of codec", 100 * seal_gbs / codec_gbs));
+  std::sort(seal_runs.begin(), seal_runs.end());
+  std::sort(codec_runs.begin(), codec_runs.end());
+  const double seal_gbs = seal_runs[1], codec_gbs = codec_runs[1];
+  Report("sealing (prefill appends, fp16 in), med 3", Fmt("%.2f GB/s", seal_gbs),
+         Fmt("encode cold tiles %.2f GB/s", codec_gbs),
+         Fmt("%.0f%% of codec", 100 * seal_gbs / codec_gbs) + Fmt(" (runs %.0f..", 100 * seal_runs[0] / codec_runs[2]) +
+             Fmt("%.0f%%)", 100 * seal_runs[2] / codec_runs[0]));
 
-  // 4. Reads of sealed blocks in place, against memcpy.
-  const uint64_t q = s.CreateSequence({})->id;
-  const int tiles = quick ? 16 : 64;
+  // 4. Reads of sealed blocks in place, against memcpy of as many bytes: both working sets
+  // well beyond the last-level cache, best of 5 passes each.
+  const double l3 = L3Bytes();
+  const size_t want_bytes = quick ? (96u << 20) : (256u << 20);
+  const int tiles = static_cast<int>((want_bytes + L.quant_block_bytes() - 1) / L.quant_block_bytes());
   const std::vector<uint16_t> big = kv(g);
   std::vector<uint32_t> ids(g);
-  for (int t = 0; t < tiles + 1; ++t) s.Append(q, ids, big.data(), big.data(), DType::kF16).IgnoreError();
+  const auto filled = [&](int n) {
+    const uint64_t seq = s.CreateSequence({})->id;
+    const uint32_t base = fresh_ids;  // blocks of their own: no tile shared with another sequence
+    fresh_ids += static_cast<uint32_t>((n + 1) * g);
+    for (int t = 0; t < n + 1; ++t) {  // the first tile is the fp16 sink
+      std::iota(ids.begin(), ids.end(), base + static_cast<uint32_t>(t * g));
+      s.Append(seq, ids, big.data(), big.data(), DType::kF16).IgnoreError();
+    }
+    return seq;
+  };
+  const uint64_t attend_seq = filled(quick ? 16 : 64);  // attended later, after the big read evicted it
+  const uint64_t q = filled(tiles);
   const SequenceTable table = s.Table(q).value();
-  const double copy_gbs = MemcpyGBs(256u << 20);
+  const double read_bytes = static_cast<double>(table.quant_blocks.size()) * L.quant_block_bytes();
+  // Passes alternate (read, memcpy, read, ...) so both see the same load; best of 5 each.
+  std::vector<uint8_t> copy_src(static_cast<size_t>(read_bytes), 1), copy_dst(static_cast<size_t>(read_bytes), 2);
   uint64_t sum = 0;
-  double best = 1e30;
+  double best = 1e30, best_copy = 1e30;
   for (int r = 0; r < 5; ++r) {
     const auto t0 = Clock::now();
     for (uint32_t b : table.quant_blocks) {
@@ -344,32 +398,48 @@ int Main(int argc, char** argv) {
       for (size_t i = 0; i < L.quant_block_bytes() / 8; ++i) sum += p[i];
     }
     best = std::min(best, Seconds(t0, Clock::now()));
+    const auto c0 = Clock::now();
+    std::memcpy(copy_dst.data(), copy_src.data(), copy_src.size());
+    best_copy = std::min(best_copy, Seconds(c0, Clock::now()));
+    copy_src[r] = copy_dst[copy_dst.size() - 1 - r];
   }
-  const double read_bytes = static_cast<double>(table.quant_blocks.size()) * L.quant_block_bytes();
-  Report("read sealed blocks in place (raw)", Fmt("%.2f GB/s", read_bytes / best / 1e9), Fmt("memcpy %.2f GB/s", copy_gbs),
-         (read_bytes / best / 1e9 >= copy_gbs / 2 ? "met" : "missed") + Fmt(" (>= half: %.0f%%)", 100 * read_bytes / best / 1e9 / copy_gbs));
+  const double copy_gbs = read_bytes / best_copy / 1e9;
+  Report(Fmt("read sealed blocks in place, %.0f MiB", read_bytes / (1 << 20)), Fmt("%.2f GB/s", read_bytes / best / 1e9),
+         Fmt("memcpy same bytes %.2f GB/s", copy_gbs),
+         (read_bytes / best / 1e9 >= copy_gbs / 2 ? "met" : "missed") +
+             Fmt(" (>= half: %.0f%%", 100 * read_bytes / best / 1e9 / copy_gbs) + Fmt(", L3 %.0f MiB)", l3 / 1048576.0));
   std::vector<float> k(L.tile_elems()), v(L.tile_elems());
   best = 1e30;
+  const size_t dq_blocks = std::min<size_t>(table.quant_blocks.size(), quick ? 64 : 256);
   for (int r = 0; r < 3; ++r) {
     const auto t0 = Clock::now();
-    for (uint32_t b : table.quant_blocks) {
+    for (size_t i = 0; i < dq_blocks; ++i) {
       for (int l = 0; l < L.num_layers; ++l) {
-        for (int h = 0; h < L.num_kv_heads; ++h) s.DequantizeBlock(b, l, h, k.data(), v.data()).IgnoreError();
+        for (int h = 0; h < L.num_kv_heads; ++h) s.DequantizeBlock(table.quant_blocks[i], l, h, k.data(), v.data()).IgnoreError();
       }
     }
     best = std::min(best, Seconds(t0, Clock::now()));
   }
-  Report("dequantize sealed blocks in place", Fmt("%.2f GB/s records", read_bytes / best / 1e9),
-         Fmt("%.2f GB/s fp32 out", table.quant_blocks.size() * L.slots() * 2.0 * L.tile_elems() * 4 / best / 1e9));
-  std::vector<float> qv(16 * L.head_dim, 0.1f), out(16 * L.head_dim);
-  best = 1e30;
+  Report("dequantize sealed blocks in place", Fmt("%.2f GB/s records", dq_blocks * L.quant_block_bytes() / best / 1e9),
+         Fmt("%.2f GB/s fp32 out", dq_blocks * L.slots() * 2.0 * L.tile_elems() * 4 / best / 1e9));
+  // Attention over a sequence sealed long before (the big read above went through the cache
+  // since), with new random queries for every layer of every pass: no pass finds the data or
+  // the queries where the previous one left them.
+  const SequenceTable at = s.Table(attend_seq).value();
+  const double attend_bytes = static_cast<double>(at.quant_blocks.size()) * L.quant_block_bytes();
+  std::vector<float> qv(16 * L.head_dim * L.num_layers * 3), out(16 * L.head_dim);
+  for (float& x : qv) x = nd(rng);
+  std::vector<double> attend_s;
   for (int r = 0; r < 3; ++r) {
     const auto t0 = Clock::now();
-    for (int l = 0; l < L.num_layers; ++l) s.Attend(q, l, qv.data(), 16, out.data()).IgnoreError();
-    best = std::min(best, Seconds(t0, Clock::now()));
+    for (int l = 0; l < L.num_layers; ++l) {
+      s.Attend(attend_seq, l, qv.data() + (r * L.num_layers + l) * 16 * L.head_dim, 16, out.data()).IgnoreError();
+    }
+    attend_s.push_back(Seconds(t0, Clock::now()));
   }
-  Report("attend in place, 16 q-heads, all layers", Fmt("%.2f GB/s records", (read_bytes + 0.0) / best / 1e9),
-         Fmt("%.0f tokens x layers/ms", (table.tokens * L.num_layers) / (best * 1e3)));
+  std::sort(attend_s.begin(), attend_s.end());
+  Report("attend in place, 16 q-heads, all layers", Fmt("%.2f GB/s records", attend_bytes / attend_s[1] / 1e9),
+         Fmt("%.0f tokens x layers/ms, med 3", (at.tokens * L.num_layers) / (attend_s[1] * 1e3)));
   if (sum == 42) std::printf(" ");
 
   session_or->reset();
