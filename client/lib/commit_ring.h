@@ -18,11 +18,13 @@
 //   - a batch holds at most capacity() items (the session's tail slots, rounded up to a power
 //     of two): RESOURCE_EXHAUSTED for the call. The ring never fills otherwise: Commit waits
 //     for its batch before it returns, so each call finds the ring empty.
-// Commit fails for the call, leaving the ring unusable (use CommitBatch, or a new session),
-// with DEADLINE_EXCEEDED when kvarnd does not complete the batch within the client's
-// rpc_timeout (its outcome is then unknown: Table may be stale), FAILED_PRECONDITION when the
-// session's lease ended or the daemon closed the ring (its message says why), UNAVAILABLE
-// when kvarnd is stopping.
+// The session's own errors (unknown or ended session, stale epoch) are the call's status, as
+// CommitBatch gives them. Commit fails for the call, leaving the ring unusable (use
+// CommitBatch, or a new session), with DEADLINE_EXCEEDED when kvarnd does not complete the
+// batch within the client's rpc_timeout (its outcome is then unknown: Table may be stale),
+// FAILED_PRECONDITION when the session's lease ended, and the daemon's code when it closed
+// the ring (FAILED_PRECONDITION: this process moved its tail out of bounds; NOT_FOUND: the
+// session ended; UNAVAILABLE: kvarnd is stopping), with its message.
 //
 // Thread safety: Commit may be called from any thread; calls are serialized (one producer).
 // REQUIRES: the Session outlives its CommitRing; the session's pool is mapped (a Unix socket
