@@ -147,6 +147,19 @@ HWY_INLINE hn::Vec<DH> StdsOf(VD s1, VD s2, size_t n) {
 // keys (kKeys) the first divisor is per token and the second per channel; for values the
 // reverse.
 template <int kDivs, bool kKeys>
+HWY_INLINE VF FormCurWith(VF x, VF te, VF tr, VF ce, VF cr, float* HWY_RESTRICT u_at) {
+  if constexpr (kDivs == 0) {
+    return x;
+  } else {
+    VF u = x;
+    if constexpr (kDivs == 2) {
+      u = kKeys ? DivExact(x, te, tr) : DivExact(x, ce, cr);
+      hn::StoreU(u, DF(), u_at);
+    }
+    return kKeys ? DivExact(u, ce, cr) : DivExact(u, te, tr);
+  }
+}
+template <int kDivs, bool kKeys>
 HWY_INLINE VF FormCur(const float* HWY_RESTRICT src, size_t t, size_t c, size_t d, const Axis& tok,
                       const Axis& ch, float* HWY_RESTRICT u_out) {
   const DF df;
@@ -154,14 +167,8 @@ HWY_INLINE VF FormCur(const float* HWY_RESTRICT src, size_t t, size_t c, size_t 
   if constexpr (kDivs == 0) {
     return x;
   } else {
-    const VF te = hn::Set(df, tok.e[t]), tr = hn::Set(df, tok.r[t]);
-    const VF ce = hn::LoadU(df, ch.e + c), cr = hn::LoadU(df, ch.r + c);
-    VF u = x;
-    if constexpr (kDivs == 2) {
-      u = kKeys ? DivExact(x, te, tr) : DivExact(x, ce, cr);
-      hn::StoreU(u, df, u_out + t * d + c);
-    }
-    return kKeys ? DivExact(u, ce, cr) : DivExact(u, te, tr);
+    return FormCurWith<kDivs, kKeys>(x, hn::Set(df, tok.e[t]), hn::Set(df, tok.r[t]), hn::LoadU(df, ch.e + c),
+                                     hn::LoadU(df, ch.r + c), u_out + t * d + c);
   }
 }
 
@@ -247,11 +254,16 @@ HWY_NOINLINE void BothPass(const float* HWY_RESTRICT u, size_t g, size_t d, cons
   const DH dh;
   const size_t N = hn::Lanes(df), L = hn::Lanes(dd);
   constexpr size_t kP = kChannelPartials;
+  const float* HWY_RESTRICT te = tok.e;
+  const float* HWY_RESTRICT tr = tok.r;
   for (size_t c = 0; c < d; c += 2 * N) {
     VD hc[4], a[4], q[4];
+    const VF ce0 = hn::LoadU(df, ch.e + c), cr0 = hn::LoadU(df, ch.r + c);
+    const VF ce1 = hn::LoadU(df, ch.e + c + N), cr1 = hn::LoadU(df, ch.r + c + N);
     for (size_t t = 0; t < g; ++t) {
-      const VF x0 = FormCur<1, kKeys>(u, t, c, d, tok, ch, nullptr);
-      const VF x1 = FormCur<1, kKeys>(u, t, c + N, d, tok, ch, nullptr);
+      const VF tev = hn::Set(df, te[t]), trv = hn::Set(df, tr[t]);
+      const VF x0 = FormCurWith<1, kKeys>(hn::LoadU(df, u + t * d + c), tev, trv, ce0, cr0, nullptr);
+      const VF x1 = FormCurWith<1, kKeys>(hn::LoadU(df, u + t * d + c + N), tev, trv, ce1, cr1, nullptr);
       const VD p[4] = {hn::PromoteTo(dd, hn::LowerHalf(dh, x0)), hn::PromoteTo(dd, hn::UpperHalf(dh, x0)),
                        hn::PromoteTo(dd, hn::LowerHalf(dh, x1)), hn::PromoteTo(dd, hn::UpperHalf(dh, x1))};
       if (c == 0) hrow[t] = static_cast<double>(hn::GetLane(x0));
@@ -305,16 +317,29 @@ HWY_NOINLINE void ColPass(const float* HWY_RESTRICT src, size_t g, size_t d, con
   const DD dd;
   const DH dh;
   const size_t N = hn::Lanes(df), L = hn::Lanes(dd);
+  const float* HWY_RESTRICT te = tok.e;
+  const float* HWY_RESTRICT tr = tok.r;
   for (size_t c = 0; c < d; c += 2 * N) {
-    const VF x0 = FormCur<kDivs, kKeys>(src, 0, c, d, tok, ch, u_out);
-    const VF x1 = FormCur<kDivs, kKeys>(src, 0, c + N, d, tok, ch, u_out);
+    const VF ce0 = hn::LoadU(df, ch.e + c), cr0 = hn::LoadU(df, ch.r + c);
+    const VF ce1 = hn::LoadU(df, ch.e + c + N), cr1 = hn::LoadU(df, ch.r + c + N);
+    const auto form = [&](size_t t, size_t k) {
+      const VF x = hn::LoadU(df, src + t * d + c + k * N);
+      if constexpr (kDivs == 0) {
+        return x;
+      } else {
+        return FormCurWith<kDivs, kKeys>(x, hn::Set(df, te[t]), hn::Set(df, tr[t]), k ? ce1 : ce0,
+                                         k ? cr1 : cr0, u_out + t * d + c + k * N);
+      }
+    };
+    const VF x0 = form(0, 0);
+    const VF x1 = form(0, 1);
     const VD h0 = hn::PromoteTo(dd, hn::LowerHalf(dh, x0)), h1 = hn::PromoteTo(dd, hn::UpperHalf(dh, x0));
     const VD h2 = hn::PromoteTo(dd, hn::LowerHalf(dh, x1)), h3 = hn::PromoteTo(dd, hn::UpperHalf(dh, x1));
     // Token 0 adds y = 0 to every sum.
     VD a0 = hn::Zero(dd), a1 = a0, a2 = a0, a3 = a0, q0 = a0, q1 = a0, q2 = a0, q3 = a0;
     for (size_t t = 1; t < g; ++t) {
-      const VF y = FormCur<kDivs, kKeys>(src, t, c, d, tok, ch, u_out);
-      const VF z = FormCur<kDivs, kKeys>(src, t, c + N, d, tok, ch, u_out);
+      const VF y = form(t, 0);
+      const VF z = form(t, 1);
       const VD y0 = hn::Sub(hn::PromoteTo(dd, hn::LowerHalf(dh, y)), h0);
       const VD y1 = hn::Sub(hn::PromoteTo(dd, hn::UpperHalf(dh, y)), h1);
       const VD y2 = hn::Sub(hn::PromoteTo(dd, hn::LowerHalf(dh, z)), h2);
