@@ -42,6 +42,19 @@ def fwht(x):
     return x * norm
 
 
+# exp and log of the balancing: torch's (the reference's), or, with KVARN_EXACT_EXP=1 in the
+# environment, the double-precision result rounded to float (the codec's ExpF/LogF), which
+# separates differences of exp/log from differences of everything else.
+if os.environ.get("KVARN_EXACT_EXP") == "1":
+    def exp32(x):
+        return torch.exp(x.double()).float()
+
+    def log32(x):
+        return torch.log(x.double()).float()
+else:
+    exp32, log32 = torch.exp, torch.log
+
+
 def imbalance(x):
     cs, rs = x.std(dim=0), x.std(dim=1)
     return cs.max() / cs.min().clamp(min=1e-8) + rs.max() / rs.min().clamp(min=1e-8)
@@ -56,14 +69,14 @@ def balance(t, iterations):
     sc, sr = torch.ones(cols), torch.ones(rows)
     cur = t
     for _ in range(iterations):
-        lc = (lc + torch.log(cur.std(dim=0).clamp(1e-3, 1e3))).clamp(-0.3, 10.0)
-        cur = t / torch.exp(lc)[None, :] / torch.exp(lr)[:, None]
-        lr = (lr + torch.log(cur.std(dim=1).clamp(1e-3, 1e3))).clamp(-0.3, 10.0)
-        cur = t / torch.exp(lc)[None, :] / torch.exp(lr)[:, None]
+        lc = (lc + log32(cur.std(dim=0).clamp(1e-3, 1e3))).clamp(-0.3, 10.0)
+        cur = t / exp32(lc)[None, :] / exp32(lr)[:, None]
+        lr = (lr + log32(cur.std(dim=1).clamp(1e-3, 1e3))).clamp(-0.3, 10.0)
+        cur = t / exp32(lc)[None, :] / exp32(lr)[:, None]
         imb = imbalance(cur)
         if imb <= best:
             best = imb
-            sc, sr = torch.exp(lc), torch.exp(lr)
+            sc, sr = exp32(lc), exp32(lr)
     return sc, sr
 
 
@@ -151,9 +164,31 @@ def make_cases(rng):
     return cases
 
 
-def write(out_dir):
+def make_random_cases(rng, count):
+    """`count` random tiles of the kinds above (constant-offset channels with token scales,
+    fp16-limit channels), for wider sweeps than the committed set."""
+    cases = {}
+    for i in range(count):
+        design_k = rng.normal(0.0, 1.0, (G, D)) * np.exp(rng.uniform(-0.3, 0.3, (G, 1)))
+        nch = int(rng.integers(1, 64))
+        for ch in rng.choice(D, nch, replace=False):
+            spread = rng.uniform(0.01, 0.5)
+            design_k[:, ch] = rng.uniform(100, 1000) * spread * rng.choice([-1, 1]) + spread * rng.normal(size=G)
+        design_v = rng.normal(0.0, 1.0, (G, D))
+        for ch in rng.choice(D, int(rng.integers(0, 16)), replace=False):
+            spread = rng.uniform(0.05, 0.5)
+            design_v[:, ch] = rng.uniform(100, 1000) * spread + spread * rng.normal(size=G)
+        k, v = from_rotated(design_k), from_rotated(design_v)
+        if i % 4 == 3:
+            k = k.clone()
+            k[:, int(rng.integers(0, D))] = 60000.0
+        cases[f"random_offsets_{i}"] = (k, v)
+    return cases
+
+
+def write(out_dir, random_count=0, seed=12):
     torch.set_num_threads(1)
-    rng = np.random.default_rng(12)
+    rng = np.random.default_rng(seed)
     os.makedirs(out_dir, exist_ok=True)
     manifest = {"format": "kvarn-golden/1", "seed": 12, "tile_tokens": G, "head_dim": D,
                 "sinkhorn_iterations": ITERATIONS,
@@ -162,7 +197,8 @@ def write(out_dir):
                 "producer": "tests/golden/make_offset_tiles.py: the project's fp32 PyTorch statement "
                             "of KVARN_SPEC.md, torch " + torch.__version__,
                 "tolerances": "as ../manifest.json", "cases": []}
-    for name, (k, v) in make_cases(rng).items():
+    cases = make_random_cases(rng, random_count) if random_count else make_cases(rng)
+    for name, (k, v) in cases.items():
         k_rot, v_rot = fwht(k), fwht(v)
         qdir = rng.normal(0, 1, (8, D))
         aimed = k[rng.choice(G, 8, replace=False)].numpy() * 4.0
@@ -178,6 +214,8 @@ def write(out_dir):
             vq, va, vb, vc, vdeq = quantize(v_rot, vbits, ITERATIONS)  # [G, D]
             fields = [ka, kb, kr, va, vb, vc]
             if not all(bool(torch.isfinite(f.float()).all()) for f in fields):
+                if random_count:
+                    break
                 raise SystemExit(f"{name}: an fp16 scale overflows; the codec would reject this tile")
             out = {"k_codes": kq.numpy(), "v_codes": vq.numpy(), "k_a": ka.numpy(), "k_b": kb.numpy(),
                    "k_r": kr.numpy(), "v_c": vc.numpy(), "v_a": va.numpy(), "v_b": vb.numpy()}
@@ -197,6 +235,8 @@ def write(out_dir):
                 "attn_rel_l2_error": rel_l2(attention(q, k_hat, v_hat), exact),
                 "k_rel_l2_error": rel_l2(k_hat, k.numpy().astype(np.float64)),
                 "v_rel_l2_error": rel_l2(v_hat, v.numpy().astype(np.float64))})
+        if not entry["presets"]:
+            continue
         manifest["cases"].append(entry)
         print(name, entry["presets"][0]["record_bytes"], "bytes; K offsets (max |mean|/std over channels):",
               f"{float((k_rot.mean(0).abs() / k_rot.std(0)).max()):.0f}")
@@ -206,4 +246,10 @@ def write(out_dir):
 
 
 if __name__ == "__main__":
-    write(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "offsets"))
+    # make_offset_tiles.py [out_dir [random_count [seed]]]: with a count, that many random
+    # offset tiles instead of the committed cases (not committed; for sweeps, e.g.
+    # `make_offset_tiles.py /tmp/sweep/offsets 60 5`, then
+    # `KVARN_GOLDEN_DIR=/tmp/sweep build/bin/codec_offset_vectors_test`).
+    args = sys.argv[1:]
+    out = args[0] if args else os.path.join(os.path.dirname(os.path.abspath(__file__)), "offsets")
+    write(out, int(args[1]) if len(args) > 1 else 0, int(args[2]) if len(args) > 2 else 12)
