@@ -13,11 +13,13 @@
 //
 // Two paths over quantized tiles: the exact one (the fp32 fold, equal to attention over
 // DecodeTile's output to fp32 rounding) and, for rotating 4-bit-key 2-bit-value presets at
-// D = 128 on CPUs with AVX-512 VNNI and VBMI, the fast one (simd_attend_int-inl.h): per tile and query head the folded query
-// q * a_K is rounded to int8 and the softmax weights p * a_V to u8, each with one scale, and
-// the dot products over the codes are integer. What the rounding drops on average (its sum
-// times the mean code, 7.5 or 1.5) is added back exactly with the offsets. Its extra error
-// against exact attention is far below the codec's own (tests/kernels/attend_accuracy_test.cc).
+// D = 128 on CPUs with AVX-512 VNNI and VBMI, the fast one (simd_attend_int-inl.h): per tile
+// and query head the folded query q * a_K is rounded to int8 (in two levels where one could
+// move a score by more than kRefineLogit) and the softmax weights p * a_V to u8, each with
+// one scale, and the dot products over the codes are integer. What the rounding drops on
+// average (its sum times the mean code, 7.5 or 1.5) is added back with the offsets. Its
+// extra error against exact attention is far below the codec's own
+// (tests/kernels/attend_accuracy_test.cc).
 
 // The codec's results must not depend on the compiler fusing a * b + c into one rounding:
 // every fused multiply-add is written out (MulAdd), and nothing else may be contracted.
@@ -329,9 +331,9 @@ struct IntScratch {
   alignas(64) int8_t qi[64 * 128];     // [H][D] int8 folded queries, natural channel order
   alignas(64) int8_t qi_lo[64 * 128];  // [H][D] their second level, or zeros
   alignas(64) int32_t si[64 * 128];    // [H][G] integer scores, token-plane order
-  alignas(64) int32_t si_lo[64 * 128]; // [H][G] the second level's
-  alignas(64) uint8_t wu[64 * 128];   // [H][G] u8 weights, natural token order
-  alignas(64) int32_t vi[64 * 128];   // [H][D] integer value sums, channel-plane order
+  alignas(64) int32_t si_lo[64 * 128];  // [H][G] the second level's
+  alignas(64) uint8_t wu[64 * 128];     // [H][G] u8 weights, natural token order
+  alignas(64) int32_t vi[64 * 128];     // [H][D] integer value sums, channel-plane order
   float qscale[64], qscale_lo[64], wscale[64];
   bool refined[64];
 };

@@ -39,9 +39,10 @@
 
 #if KVARN_ATTEND_VNNI
 #ifndef KVARN_VNNI_ATTR
-#define KVARN_VNNI_ATTR                                                                     \
-  __attribute__((target("avx2,fma,f16c,bmi,bmi2,avx512f,avx512vl,avx512dq,avx512bw,avx512cd," \
-                        "avx512vnni,avx512vbmi")))
+#define KVARN_VNNI_ATTR                                                            \
+  __attribute__((                                                                  \
+      target("avx2,fma,f16c,bmi,bmi2,avx512f,avx512vl,avx512dq,avx512bw,avx512cd," \
+             "avx512vnni,avx512vbmi")))
 #endif
 
 HWY_BEFORE_NAMESPACE();
@@ -51,7 +52,8 @@ namespace vnni {
 
 // Both extensions, asked of the CPU once.
 inline bool HasVnni() {
-  static const bool has = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
+  static const bool has =
+      __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
   return has;
 }
 
@@ -93,7 +95,8 @@ KVARN_VNNI_ATTR void KeyDots(const uint8_t* HWY_RESTRICT codes, size_t g, size_t
           _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r))),
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + row_bytes)), 1);
       const __m512i b = _mm512_inserti64x4(
-          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 2 * row_bytes))),
+          _mm512_castsi256_si512(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 2 * row_bytes))),
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 3 * row_bytes)), 1);
       const __m512i x0 = _mm512_permutex2var_epi8(a, idx0, b);  // bytes 0..15 of the pass
       const __m512i x1 = _mm512_permutex2var_epi8(a, idx1, b);  // bytes 16..31
@@ -213,7 +216,7 @@ KVARN_VNNI_ATTR inline QueryLevels FoldQuery(const float* HWY_RESTRICT q,
   __m512 sum = _mm512_setzero_ps();
   for (size_t i = 0; i < vecs; ++i) {
     const __m512i qv = _mm512_cvtps_epi32(_mm512_mul_ps(x[i], inv));  // nearest even
-    x[i] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(qv), sv, x[i]);     // what is left
+    x[i] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(qv), sv, x[i]);        // what is left
     sum = _mm512_add_ps(sum, x[i]);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + 16 * i), _mm512_cvtsepi32_epi8(qv));
   }
@@ -226,7 +229,8 @@ KVARN_VNNI_ATTR inline QueryLevels FoldQuery(const float* HWY_RESTRICT q,
     r.refined = rm > 0.0f;
   }
   if (!r.refined) {
-    for (size_t i = 0; i < vecs; ++i) _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + 16 * i), _mm_setzero_si128());
+    for (size_t i = 0; i < vecs; ++i)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + 16 * i), _mm_setzero_si128());
     r.beta += 7.5f * _mm512_reduce_add_ps(sum);
     return r;
   }
@@ -268,12 +272,11 @@ KVARN_VNNI_ATTR inline __m512 ExpNonPositive(__m512 x) {
 template <size_t kVecs>  // g / 16, at most 8
 KVARN_VNNI_ATTR inline void SoftmaxWeights(const int32_t* HWY_RESTRICT si, float qscale,
                                            const int32_t* HWY_RESTRICT si_lo, float qscale_lo,
-                                           float beta,
-                                           const float* HWY_RESTRICT r_k,
+                                           float beta, const float* HWY_RESTRICT r_k,
                                            const float* HWY_RESTRICT a_v,
                                            const float* HWY_RESTRICT b_v, float* max, float* sum,
-                                           float* rescale, uint8_t* HWY_RESTRICT w,
-                                           float* wscale, float* pb) {
+                                           float* rescale, uint8_t* HWY_RESTRICT w, float* wscale,
+                                           float* pb) {
   const __m512 qs = _mm512_set1_ps(qscale), qs_lo = _mm512_set1_ps(qscale_lo);
   const __m512 bv = _mm512_set1_ps(beta);
   __m512 x[kVecs];
@@ -307,7 +310,8 @@ KVARN_VNNI_ATTR inline void SoftmaxWeights(const int32_t* HWY_RESTRICT si, float
     const __m512 inv = _mm512_set1_ps(255.0f / m), sv = _mm512_set1_ps(scale);
     // Natural tokens 32k + 2l + plane: interleave the two planes of each chunk.
     const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+    const __m512i hi =
+        _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
     __m512 res = _mm512_setzero_ps();
     for (size_t i = 0; i < kVecs; i += 2) {
       const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x[i], inv));  // nearest even

@@ -170,7 +170,8 @@ double StreamRead(Workers& workers) {
       asm volatile("" : : "r"(a + b + c + d));
       workers.Sync();
     });
-    const double s = std::chrono::duration<double>(workers.stamps()[1] - workers.stamps()[0]).count();
+    const double s =
+        std::chrono::duration<double>(workers.stamps()[1] - workers.stamps()[0]).count();
     gbps.push_back(static_cast<double>(kReadBytes) / s);
   }
   return Median(gbps);
@@ -236,7 +237,8 @@ Workload MakeWorkload(const Preset& p, const std::vector<uint8_t>& unique, int t
     head.tail_v = RandomHalves(kTailTokens * fp16, rng);
     head.records.resize(static_cast<size_t>(tiles) * rb);
     for (int i = 0; i < tiles; ++i) {
-      std::memcpy(head.records.data() + i * rb, unique.data() + ((i + 5 * h) % kUniqueTiles) * rb, rb);
+      std::memcpy(head.records.data() + i * rb, unique.data() + ((i + 5 * h) % kUniqueTiles) * rb,
+                  rb);
     }
     for (int i = 0; i < tiles; ++i) head.tiles.push_back(head.records.data() + i * rb);
     w.heads.push_back(std::move(head));
@@ -272,7 +274,8 @@ Timing TimeSteps(Workers& workers, const Preset& p, const Workload& wl, AttendPr
       workers.Sync();
     });
     if (rep == 0) continue;
-    wall.push_back(std::chrono::duration<double>(workers.stamps()[1] - workers.stamps()[0]).count());
+    wall.push_back(
+        std::chrono::duration<double>(workers.stamps()[1] - workers.stamps()[0]).count());
     cpu.push_back(*std::max_element(worker_cpu.begin(), worker_cpu.end()));
   }
   return {Median(wall), Median(cpu)};
@@ -283,10 +286,14 @@ int Main(int argc, char** argv) {
   bool exact = false, warm = false;
   int only_tiles = 0;
   for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--reps=", 7) == 0) reps = std::max(1, std::atoi(argv[i] + 7));
-    else if (std::strcmp(argv[i], "--exact") == 0) exact = true;
-    else if (std::strcmp(argv[i], "--warm") == 0) warm = true;
-    else if (std::strncmp(argv[i], "--tiles=", 8) == 0) only_tiles = std::max(1, std::atoi(argv[i] + 8));
+    if (std::strncmp(argv[i], "--reps=", 7) == 0)
+      reps = std::max(1, std::atoi(argv[i] + 7));
+    else if (std::strcmp(argv[i], "--exact") == 0)
+      exact = true;
+    else if (std::strcmp(argv[i], "--warm") == 0)
+      warm = true;
+    else if (std::strncmp(argv[i], "--tiles=", 8) == 0)
+      only_tiles = std::max(1, std::atoi(argv[i] + 8));
     else {
       std::fprintf(stderr, "usage: %s [--reps=N] [--exact] [--warm] [--tiles=N]\n", argv[0]);
       return 2;
@@ -297,15 +304,18 @@ int Main(int argc, char** argv) {
   cpu_set_t mask;
   sched_getaffinity(0, sizeof(mask), &mask);
   const int cpus = CPU_COUNT(&mask);
-  std::printf("kvarn_attend_bench: fused decode attention, kvarn_k4v2_g128, D=128, 8 kv-heads x GQA 4,\n"
-              "%s; SIMD target %s;\n"
-              "%d CPU(s) in this process's mask; medians of %d steps.\n",
-              warm ? "WARM: no eviction (--warm), not the target's condition"
-                   : "caches evicted before every step (128 MiB streamed per worker)",
-              std::string(Codec::Simd().target()).c_str(), cpus, reps);
+  std::printf(
+      "kvarn_attend_bench: fused decode attention, kvarn_k4v2_g128, D=128, 8 kv-heads x GQA 4,\n"
+      "%s; SIMD target %s;\n"
+      "%d CPU(s) in this process's mask; medians of %d steps.\n",
+      warm ? "WARM: no eviction (--warm), not the target's condition"
+           : "caches evicted before every step (128 MiB streamed per worker)",
+      std::string(Codec::Simd().target()).c_str(), cpus, reps);
   std::vector<int> thread_counts = {1};
-  if (cpus >= 2) thread_counts.push_back(2);
-  else std::printf("(one CPU in the mask: two-thread lines skipped; run under taskset -c 0,1)\n");
+  if (cpus >= 2)
+    thread_counts.push_back(2);
+  else
+    std::printf("(one CPU in the mask: two-thread lines skipped; run under taskset -c 0,1)\n");
 
   const std::vector<uint8_t> unique = UniqueRecords(p);
   std::vector<Workload> loads;
@@ -324,8 +334,9 @@ int Main(int argc, char** argv) {
     Workers workers(n);
     for (int w = 0; w < n; ++w) EvictBuffer(w);
     const double read = StreamRead(workers);
-    std::printf("streaming read, %d thread(s), 256 MiB: %.2f GB/s (wall, steady_clock, median of 7)\n",
-                n, read / 1e9);
+    std::printf(
+        "streaming read, %d thread(s), 256 MiB: %.2f GB/s (wall, steady_clock, median of 7)\n", n,
+        read / 1e9);
     for (size_t li = 0; li < loads.size(); ++li) {
       const Workload& wl = loads[li];
       for (AttendPrecision prec : {AttendPrecision::kFast, AttendPrecision::kExact}) {
@@ -348,11 +359,13 @@ int Main(int argc, char** argv) {
       }
     }
   }
-  std::printf("\nratio = read limit (bytes / streaming-read bandwidth of the same thread count) / step time,\n"
-              "by wall clock (steady_clock) and by the slowest worker's thread CPU time.\n"
-              "Targets (issue 12): ratio >= %.0f%% at every length (32K on one thread <= 2.5 ms),\n"
-              "and two threads >= %.1fx faster than one.\n",
-              100 * kTargetReadRatio, kTargetTwoThreadSpeedup);
+  std::printf(
+      "\nratio = read limit (bytes / streaming-read bandwidth of the same thread count) / step "
+      "time,\n"
+      "by wall clock (steady_clock) and by the slowest worker's thread CPU time.\n"
+      "Targets (issue 12): ratio >= %.0f%% at every length (32K on one thread <= 2.5 ms),\n"
+      "and two threads >= %.1fx faster than one.\n",
+      100 * kTargetReadRatio, kTargetTwoThreadSpeedup);
   return 0;
 }
 

@@ -70,13 +70,15 @@ void Encode(const Preset& p, Sequence* s) {
 
 // Exact decode attention in fp64 over the original K/V, scale 1/sqrt(D): [Q][D].
 std::vector<double> ExactAttention(const Sequence& s) {
-  const int d = s.d, tokens = static_cast<int>(s.k.size() / d), heads = static_cast<int>(s.q.size() / d);
+  const int d = s.d, tokens = static_cast<int>(s.k.size() / d),
+            heads = static_cast<int>(s.q.size() / d);
   std::vector<double> out(s.q.size(), 0.0), sc(tokens);
   for (int h = 0; h < heads; ++h) {
     double m = -HUGE_VAL;
     for (int t = 0; t < tokens; ++t) {
       double dot = 0.0;
-      for (int c = 0; c < d; ++c) dot += static_cast<double>(s.q[h * d + c]) * s.k[static_cast<size_t>(t) * d + c];
+      for (int c = 0; c < d; ++c)
+        dot += static_cast<double>(s.q[h * d + c]) * s.k[static_cast<size_t>(t) * d + c];
       sc[t] = dot / std::sqrt(static_cast<double>(d));
       m = std::max(m, sc[t]);
     }
@@ -105,10 +107,14 @@ Errors Measure(const Preset& p, const std::vector<Sequence>& seqs) {
     want.insert(want.end(), w.begin(), w.end());
     const int heads = static_cast<int>(s.q.size() / s.d);
     std::vector<float> a(s.q.size()), b(s.q.size());
-    EXPECT_TRUE(Codec::Simd().AttendDecode(p, s.d, s.q.data(), heads, s.View(), a.data(), 0.0f,
-                                           nullptr, AttendPrecision::kExact).ok());
-    EXPECT_TRUE(Codec::Simd().AttendDecode(p, s.d, s.q.data(), heads, s.View(), b.data(), 0.0f,
-                                           nullptr, AttendPrecision::kFast).ok());
+    EXPECT_TRUE(Codec::Simd()
+                    .AttendDecode(p, s.d, s.q.data(), heads, s.View(), a.data(), 0.0f, nullptr,
+                                  AttendPrecision::kExact)
+                    .ok());
+    EXPECT_TRUE(Codec::Simd()
+                    .AttendDecode(p, s.d, s.q.data(), heads, s.View(), b.data(), 0.0f, nullptr,
+                                  AttendPrecision::kFast)
+                    .ok());
     exact.insert(exact.end(), a.begin(), a.end());
     fast.insert(fast.end(), b.begin(), b.end());
   }
@@ -215,8 +221,10 @@ TEST_P(AttendAccuracyTest, FastPathGroupOfQueryHeadsEqualsOneHeadAtATime) {
   const Sequence& s = seqs[0];
   std::vector<float> single(static_cast<size_t>(kMost) * d);
   for (int h = 0; h < kMost; ++h) {
-    ASSERT_TRUE(Codec::Simd().AttendDecode(p, d, &s.q[static_cast<size_t>(h) * d], 1, s.View(),
-                                           &single[static_cast<size_t>(h) * d]).ok());
+    ASSERT_TRUE(Codec::Simd()
+                    .AttendDecode(p, d, &s.q[static_cast<size_t>(h) * d], 1, s.View(),
+                                  &single[static_cast<size_t>(h) * d])
+                    .ok());
   }
   for (int heads : {1, 2, 3, 4, 5, 8, 13}) {
     SCOPED_TRACE(heads);
@@ -233,17 +241,22 @@ INSTANTIATE_TEST_SUITE_P(FastPresets, AttendAccuracyTest,
 // Where the fast path does not apply (other bit widths, presets that do not rotate, other
 // head dims), kFast is kExact.
 TEST(AttendPrecisionTest, FastIsExactWhereTheFastPathDoesNotApply) {
-  for (const char* name : {"kvarn_k4v4_g128", "kvarn_k2v2_g128", "hadamard_k2v4_g64", "kivi_k4v2_g128"}) {
+  for (const char* name :
+       {"kvarn_k4v4_g128", "kvarn_k2v2_g128", "hadamard_k2v4_g64", "kivi_k4v2_g128"}) {
     for (int d : {64, 128}) {
       SCOPED_TRACE(::testing::Message() << name << " D=" << d);
       const Preset p = MustParse(name);
       const std::vector<Sequence> seqs = PropertyData(p, d, 2, 1, 4, 1.5f);
       const Sequence& s = seqs[0];
       std::vector<float> a(s.q.size()), b(s.q.size());
-      ASSERT_TRUE(Codec::Simd().AttendDecode(p, d, s.q.data(), 4, s.View(), a.data(), 0.0f,
-                                             nullptr, AttendPrecision::kExact).ok());
-      ASSERT_TRUE(Codec::Simd().AttendDecode(p, d, s.q.data(), 4, s.View(), b.data(), 0.0f,
-                                             nullptr, AttendPrecision::kFast).ok());
+      ASSERT_TRUE(Codec::Simd()
+                      .AttendDecode(p, d, s.q.data(), 4, s.View(), a.data(), 0.0f, nullptr,
+                                    AttendPrecision::kExact)
+                      .ok());
+      ASSERT_TRUE(Codec::Simd()
+                      .AttendDecode(p, d, s.q.data(), 4, s.View(), b.data(), 0.0f, nullptr,
+                                    AttendPrecision::kFast)
+                      .ok());
       EXPECT_EQ(a, b);
     }
   }
@@ -252,9 +265,12 @@ TEST(AttendPrecisionTest, FastIsExactWhereTheFastPathDoesNotApply) {
     SCOPED_TRACE(d);
     const std::vector<Sequence> seqs = PropertyData(p, d, 2, 1, 4, 1.5f);
     std::vector<float> a(seqs[0].q.size()), b(a.size());
-    ASSERT_TRUE(Codec::Simd().AttendDecode(p, d, seqs[0].q.data(), 4, seqs[0].View(), a.data(),
-                                           0.0f, nullptr, AttendPrecision::kExact).ok());
-    ASSERT_TRUE(Codec::Simd().AttendDecode(p, d, seqs[0].q.data(), 4, seqs[0].View(), b.data()).ok());
+    ASSERT_TRUE(Codec::Simd()
+                    .AttendDecode(p, d, seqs[0].q.data(), 4, seqs[0].View(), a.data(), 0.0f,
+                                  nullptr, AttendPrecision::kExact)
+                    .ok());
+    ASSERT_TRUE(
+        Codec::Simd().AttendDecode(p, d, seqs[0].q.data(), 4, seqs[0].View(), b.data()).ok());
     EXPECT_EQ(a, b);
   }
 }
