@@ -254,6 +254,7 @@ HWY_NOINLINE void BothPass(const float* HWY_RESTRICT u, size_t g, size_t d, cons
   const DH dh;
   const size_t N = hn::Lanes(df), L = hn::Lanes(dd);
   constexpr size_t kP = kChannelPartials;
+  const size_t slots = std::min<size_t>(4, kP / L);
   const float* HWY_RESTRICT te = tok.e;
   const float* HWY_RESTRICT tr = tok.r;
   for (size_t c = 0; c < d; c += 2 * N) {
@@ -278,13 +279,26 @@ HWY_NOINLINE void BothPass(const float* HWY_RESTRICT u, size_t g, size_t d, cons
           a[k] = hn::Add(a[k], y);
           q[k] = FmaSquare(y, q[k]);
         }
-        const size_t slot = (c + k * L) % kP;  // first accumulator of this double vector
-        const bool first = c + k * L < kP;     // the partials' first elements
+      }
+      // The strip's 4 double vectors fall into `slots` groups of accumulators (vector k into
+      // k % slots); each group is loaded once, takes its vectors in channel order, and is
+      // stored once. A group's first vector ever starts it from zero.
+      VD r1[4], r2[4];
+      for (size_t j = 0; j < slots; ++j) {
+        const size_t at = (c + j * L) % kP;
+        const bool first = c + j * L < kP;
+        r1[j] = first ? hn::Zero(dd) : hn::Load(dd, st + at);
+        r2[j] = first ? hn::Zero(dd) : hn::Load(dd, st + kP + at);
+      }
+      for (size_t k = 0; k < 4; ++k) {
         const VD y = hn::Sub(p[k], hr);
-        const VD s1 = first ? hn::Zero(dd) : hn::Load(dd, st + slot);
-        const VD s2 = first ? hn::Zero(dd) : hn::Load(dd, st + kP + slot);
-        hn::Store(hn::Add(s1, y), dd, st + slot);
-        hn::Store(FmaSquare(y, s2), dd, st + kP + slot);
+        r1[k % slots] = hn::Add(r1[k % slots], y);
+        r2[k % slots] = FmaSquare(y, r2[k % slots]);
+      }
+      for (size_t j = 0; j < slots; ++j) {
+        const size_t at = (c + j * L) % kP;
+        hn::Store(r1[j], dd, st + at);
+        hn::Store(r2[j], dd, st + kP + at);
       }
     }
     for (size_t k = 0; k < 4; ++k) hn::StoreU(StdsOf(a[k], q[k], g), dh, ch.std + c + k * L);
