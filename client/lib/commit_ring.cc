@@ -11,10 +11,6 @@
 namespace kvarn {
 namespace {
 
-// How long Commit spins on the completion word before it sleeps on the futex: about the
-// daemon's round trip, so a decode step usually never sleeps.
-constexpr auto kSpin = std::chrono::microseconds(60);
-
 inline void Pause() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -60,8 +56,8 @@ absl::StatusOr<std::unique_ptr<CommitRing>> CommitRing::Open(Session* session) {
 absl::Status CommitRing::WaitFor(uint32_t target) {
   ring::Header* h = header();
   const auto done = [&] { return h->done.load(std::memory_order_acquire) == target; };
-  const auto spin_until = std::chrono::steady_clock::now() + kSpin;
-  while (!done() && h->broken.load(std::memory_order_acquire) == 0) {
+  const auto spin_until = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(spin_);
+  while (spin_ > absl::ZeroDuration() && !done() && h->broken.load(std::memory_order_acquire) == 0) {
     for (int i = 0; i < 64; ++i) Pause();
     if (std::chrono::steady_clock::now() >= spin_until) break;
   }

@@ -54,6 +54,13 @@ class CommitRing {
   CommitRing& operator=(const CommitRing&) = delete;
 
   uint32_t capacity() const { return capacity_; }
+  // How long Commit spins on the completion word before it sleeps on the futex (default
+  // 60 us, about the daemon's turnaround for a 64-sequence step). A spinning client holds a
+  // core: on a machine with no core to spare, 0 (sleep at once) lets the daemon run sooner.
+  void set_spin(absl::Duration spin) ABSL_LOCKS_EXCLUDED(mu_) {
+    MutexLock lock(&mu_);
+    spin_ = spin;
+  }
   // Commits the staged tokens of many sequences, as Session::CommitBatch: the outer status is
   // the call's (the session's errors, the ring's limits above), then one status per item.
   absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> Commit(
@@ -70,7 +77,7 @@ class CommitRing {
       : session_(session), memory_(std::move(memory)), doorbell_(std::move(doorbell)), capacity_(capacity) {}
   ring::Header* header() const { return reinterpret_cast<ring::Header*>(memory_.data()); }
   // Waits until kvarnd completed every record before `target`; OK, or why not.
-  absl::Status WaitFor(uint32_t target);
+  absl::Status WaitFor(uint32_t target) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Session* const session_;
   const FdMapping memory_;
@@ -79,6 +86,7 @@ class CommitRing {
   Mutex mu_;
   uint32_t tail_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status unusable_ ABSL_GUARDED_BY(mu_);
+  absl::Duration spin_ ABSL_GUARDED_BY(mu_) = absl::Microseconds(60);
 };
 
 }  // namespace kvarn

@@ -298,10 +298,17 @@ int Main(int argc, char** argv) {
       return check("ring Commit", (*ring)->Commit(items));
     };
     const StepTimes rw = run_steps(steps, ring_commit);
-    report_steps("ring step: Stage + CommitRing::Commit", rw, "ring commit");
+    report_steps("ring step: Stage + CommitRing::Commit", rw, "ring commit (spin 60 us)");
     const Percentiles rc = Summarize(rw.commit);
     Report("  ring commit against its own target", Fmt("p50 %.1f us", rc.p50), Fmt("p99 %.1f us", rc.p99),
            std::string(rc.p50 <= 50 ? "met" : "missed") + " (target p50 <= 50 us)");
+    // The same without spinning: the client sleeps on the futex at once (a core to spare for
+    // the daemon on a machine without one).
+    (*ring)->set_spin(absl::ZeroDuration());
+    const StepTimes rs = run_steps(steps, ring_commit);
+    const Percentiles rsc = Summarize(rs.commit), rsf = Summarize(rs.floor);
+    Report("  ring commit, no spin (futex at once)", Fmt("p50 %.1f us", rsc.p50), Fmt("p99 %.1f us", rsc.p99),
+           std::string(rsc.p50 <= 50 ? "met" : "missed") + Fmt(" (floor then %.1f us)", rsf.p50));
   }
   s.Release(batch).IgnoreError();
 
