@@ -167,6 +167,22 @@ TEST_P(SimdBitExactTest, StorageFrameAndUnbalancedPresets) {
   }
 }
 
+// f32 tiles with tiny and subnormal values (where the SIMD encoder's exact division would not
+// hold, so it hands the tile to the reference) and with values that are not fp16-exact.
+TEST_P(SimdBitExactTest, TinyAndNonHalfF32Inputs) {
+  const Preset p = MustParse("kvarn_k4v2_g128");
+  const size_t n = static_cast<size_t>(p.tile_tokens) * 128;
+  std::vector<float> k = test::Gaussian(n, 5), v = test::Gaussian(n, 6, 3.0f);
+  EXPECT_TRUE(SameRecord(p, 128, k, v));  // not fp16-exact
+  for (float scale : {1e-30f, 1e-38f, 1e-42f}) {
+    SCOPED_TRACE(scale);
+    std::vector<float> kt = k, vt = v;
+    for (size_t i = 0; i < n; i += 7) kt[i] *= scale;
+    for (float& x : vt) x *= scale;
+    EXPECT_TRUE(SameRecord(p, 128, kt, vt));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(CompiledAndSupported, SimdBitExactTest,
                          ::testing::ValuesIn(hwy::SupportedAndGeneratedTargets()),
                          [](const auto& info) { return std::string(hwy::TargetName(info.param)); });
