@@ -241,14 +241,16 @@ HWY_NOINLINE void RowPass(const float* HWY_RESTRICT src, size_t g, size_t d, con
   }
 }
 
-// Both axes' stds of cur = u / second (FormCur<1>) in one sweep of channel strips: a
-// channel's sums stay in registers while the tokens stream past, a token's kChannelPartials
-// partial sums live in `state` (32 doubles a token) between strips. Each partial receives its
-// elements in order of channel, as in RowPass, so the sums are the same.
-template <bool kKeys>
-HWY_NOINLINE void BothPass(const float* HWY_RESTRICT u, size_t g, size_t d, const Axis& tok,
-                           const Axis& ch, double* HWY_RESTRICT state, double* HWY_RESTRICT hrow,
-                           double* HWY_RESTRICT s1_out, double* HWY_RESTRICT s2_out) {
+// The stds over the channels of every token of cur (see FormCur) and, with kVertical, over the
+// tokens of every channel, in one sweep of channel strips: a channel's sums stay in registers
+// while the tokens stream past, a token's kChannelPartials partial sums live in `state` (32
+// doubles a token) between strips. Each partial receives its elements in order of channel, as
+// in RowPass, so the sums are the same.
+template <int kDivs, bool kKeys, bool kVertical>
+HWY_NOINLINE void StripPass(const float* HWY_RESTRICT src, size_t g, size_t d, const Axis& tok,
+                            const Axis& ch, float* HWY_RESTRICT u_out, double* HWY_RESTRICT state,
+                            double* HWY_RESTRICT hrow, double* HWY_RESTRICT s1_out,
+                            double* HWY_RESTRICT s2_out) {
   const DF df;
   const DD dd;
   const DH dh;
@@ -263,14 +265,16 @@ HWY_NOINLINE void BothPass(const float* HWY_RESTRICT u, size_t g, size_t d, cons
     const VF ce1 = hn::LoadU(df, ch.e + c + N), cr1 = hn::LoadU(df, ch.r + c + N);
     for (size_t t = 0; t < g; ++t) {
       const VF tev = hn::Set(df, te[t]), trv = hn::Set(df, tr[t]);
-      const VF x0 = FormCurWith<1, kKeys>(hn::LoadU(df, u + t * d + c), tev, trv, ce0, cr0, nullptr);
-      const VF x1 = FormCurWith<1, kKeys>(hn::LoadU(df, u + t * d + c + N), tev, trv, ce1, cr1, nullptr);
+      const VF x0 = FormCurWith<kDivs, kKeys>(hn::LoadU(df, src + t * d + c), tev, trv, ce0, cr0,
+                                              u_out + t * d + c);
+      const VF x1 = FormCurWith<kDivs, kKeys>(hn::LoadU(df, src + t * d + c + N), tev, trv, ce1, cr1,
+                                              u_out + t * d + c + N);
       const VD p[4] = {hn::PromoteTo(dd, hn::LowerHalf(dh, x0)), hn::PromoteTo(dd, hn::UpperHalf(dh, x0)),
                        hn::PromoteTo(dd, hn::LowerHalf(dh, x1)), hn::PromoteTo(dd, hn::UpperHalf(dh, x1))};
       if (c == 0) hrow[t] = static_cast<double>(hn::GetLane(x0));
       const VD hr = hn::Set(dd, hrow[t]);
       double* HWY_RESTRICT st = state + t * 2 * kP;
-      for (size_t k = 0; k < 4; ++k) {
+      for (size_t k = 0; kVertical && k < 4; ++k) {
         if (t == 0) {
           hc[k] = p[k];
           a[k] = q[k] = hn::Zero(dd);
@@ -301,7 +305,7 @@ HWY_NOINLINE void BothPass(const float* HWY_RESTRICT u, size_t g, size_t d, cons
         hn::Store(r2[j], dd, st + kP + at);
       }
     }
-    for (size_t k = 0; k < 4; ++k) hn::StoreU(StdsOf(a[k], q[k], g), dh, ch.std + c + k * L);
+    for (size_t k = 0; kVertical && k < 4; ++k) hn::StoreU(StdsOf(a[k], q[k], g), dh, ch.std + c + k * L);
   }
   for (size_t t = 0; t < g; ++t) {
     const double* HWY_RESTRICT st = state + t * 2 * kP;
@@ -414,12 +418,12 @@ HWY_INLINE void Balance(const float* HWY_RESTRICT m, size_t g, size_t d, bool ke
       UpdateAxis(tok, tmp);
       ColPass<2, true>(m, g, d, tok, ch, u, ch.std);
       UpdateAxis(ch, tmp);
-      BothPass<true>(u, g, d, tok, ch, state, hrow, s1, s2);
+      StripPass<1, true, true>(u, g, d, tok, ch, nullptr, state, hrow, s1, s2);
     } else {
       UpdateAxis(ch, tmp);
-      RowPass<2, false>(m, g, d, tok, ch, u, nullptr, s1, s2, tok.std);
+      StripPass<2, false, false>(m, g, d, tok, ch, u, state, hrow, s1, s2);
       UpdateAxis(tok, tmp);
-      BothPass<false>(u, g, d, tok, ch, state, hrow, s1, s2);
+      StripPass<1, false, true>(u, g, d, tok, ch, nullptr, state, hrow, s1, s2);
     }
     const float imb = imbalance();
     if (imb <= best) {
