@@ -15,6 +15,9 @@
 // Per iteration: after the column update one pass forms u = T / exp(Lc) (kept) and
 // cur1 = u / exp(Lr) and sums the rows of cur1; after the row update a second forms
 // cur2 = u / exp(Lr) and sums both axes (the imbalance and the next column update need them).
+// Vertical sums stream tokens past a strip of channels held in registers (ColPass for the
+// keys' first pass, StripPass otherwise, which keeps each token's partial sums between strips
+// in memory); RowPass sums whole tokens and serves the unscaled tile.
 //
 // K and V are both held token-major [G][D] (M). "Horizontal" sums run over a token's
 // channels, "vertical" ones over a channel's tokens. For keys the spec's first-updated
