@@ -154,7 +154,18 @@ TEST_F(CommitRingTest, AClientKilledMidCommitLeavesNothingHalfApplied) {
     SCOPED_TRACE(absl::StrCat("cycle ", cycle));
     Child* c = SpawnClient({"ringloop", "--target=" + d->target(), "--tenant=doomed", "--seqs=8", "--max_sequences=8"});
     ASSERT_NE(c, nullptr);
+    IT_ASSIGN_OR_FAIL(open, c->WaitFor("OPEN", std::chrono::seconds(30)));
+    const uint64_t doomed = FieldU64(ParseFields(open), "session");
     IT_ASSIGN_OR_FAIL(ready, c->WaitFor("READY", std::chrono::seconds(30)));
+    // Its keep-alive stream attached, so its end is detected by the grace period (a client
+    // killed before that is reclaimed by the lease TTL instead).
+    bool connected = false;
+    for (const double t0 = NowMs(); !connected && NowMs() - t0 < 10000;) {
+      IT_ASSIGN_OR_FAIL(st, observer->Stats());
+      for (const auto& info : st.session_info()) connected |= info.session_id() == doomed && info.connected();
+      if (!connected) absl::SleepFor(absl::Milliseconds(2));
+    }
+    ASSERT_TRUE(connected);
     // Killed at a step boundary's neighbourhood chosen at random: mid-commit, mid-stage or
     // mid-seal (a tile is 64 steps).
     const uint64_t kill_at = 16 * (1 + rng() % 8);
@@ -166,15 +177,17 @@ TEST_F(CommitRingTest, AClientKilledMidCommitLeavesNothingHalfApplied) {
     IT_ASSERT_OK(c->Wait(std::chrono::seconds(10)).status());
     // The session ends (grace), its sequences go, every reference it held is dropped.
     bool reclaimed = false;
+    v1::StatsResponse last;
     for (const double t0 = NowMs(); NowMs() - t0 < 10000;) {
       IT_ASSIGN_OR_FAIL(st, observer->Stats());
+      last = st;
       if (st.sessions() == base.sessions() + 1 && st.sequences() == 1) {
         reclaimed = true;
         break;
       }
       absl::SleepFor(absl::Milliseconds(5));
     }
-    ASSERT_TRUE(reclaimed);
+    ASSERT_TRUE(reclaimed) << last.DebugString() << "\n" << c->transcript() << "\n" << d->Log();
     IT_ASSIGN_OR_FAIL(st, observer->Stats());
     EXPECT_EQ(st.quant_blocks_active(), 0u);
     EXPECT_EQ(st.sink_blocks_active(), 0u);
