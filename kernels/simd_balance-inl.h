@@ -52,9 +52,10 @@ using VD = hn::Vec<DD>;
 // a - q0 * b is exact in one FMA, and one more fused step rounds the corrected quotient
 // correctly (Markstein); docs/codec_arithmetic.md has the argument and the exhaustive check.
 // Without a native FMA, Highway's MulAdd rounds twice, so those targets divide.
-HWY_INLINE VF DivExact(VF a, VF b, VF r) {
+template <class V>
+HWY_INLINE V DivExact(V a, V b, V r) {
 #if HWY_NATIVE_FMA
-  const VF q0 = hn::Mul(a, r);
+  const V q0 = hn::Mul(a, r);
   return hn::MulAdd(hn::NegMulAdd(q0, b, a), r, q0);
 #else
   (void)r;
@@ -149,15 +150,15 @@ HWY_INLINE hn::Vec<DH> StdsOf(VD s1, VD s2, size_t n) {
 // cur = u / second; 2, src is T, u = T / first (stored to u_out) and cur = u / second. For
 // keys (kKeys) the first divisor is per token and the second per channel; for values the
 // reverse.
-template <int kDivs, bool kKeys>
-HWY_INLINE VF FormCurWith(VF x, VF te, VF tr, VF ce, VF cr, float* HWY_RESTRICT u_at) {
+template <int kDivs, bool kKeys, class V>
+HWY_INLINE V FormCurWith(V x, V te, V tr, V ce, V cr, float* HWY_RESTRICT u_at) {
   if constexpr (kDivs == 0) {
     return x;
   } else {
-    VF u = x;
+    V u = x;
     if constexpr (kDivs == 2) {
       u = kKeys ? DivExact(x, te, tr) : DivExact(x, ce, cr);
-      hn::StoreU(u, DF(), u_at);
+      hn::StoreU(u, hn::DFromV<V>(), u_at);
     }
     return kKeys ? DivExact(u, ce, cr) : DivExact(u, te, tr);
   }
@@ -264,17 +265,19 @@ HWY_NOINLINE void StripPass(const float* HWY_RESTRICT src, size_t g, size_t d, c
   const float* HWY_RESTRICT tr = tok.r;
   for (size_t c = 0; c < d; c += 2 * N) {
     VD hc[4], a[4], q[4];
-    const VF ce0 = hn::LoadU(df, ch.e + c), cr0 = hn::LoadU(df, ch.r + c);
-    const VF ce1 = hn::LoadU(df, ch.e + c + N), cr1 = hn::LoadU(df, ch.r + c + N);
+    // Floats a double vector's worth at a time (no half extraction before widening).
+    hn::Vec<DH> ce[4], cr[4];
+    for (size_t k = 0; k < 4; ++k) ce[k] = hn::LoadU(dh, ch.e + c + k * L), cr[k] = hn::LoadU(dh, ch.r + c + k * L);
     for (size_t t = 0; t < g; ++t) {
-      const VF tev = hn::Set(df, te[t]), trv = hn::Set(df, tr[t]);
-      const VF x0 = FormCurWith<kDivs, kKeys>(hn::LoadU(df, src + t * d + c), tev, trv, ce0, cr0,
-                                              u_out + t * d + c);
-      const VF x1 = FormCurWith<kDivs, kKeys>(hn::LoadU(df, src + t * d + c + N), tev, trv, ce1, cr1,
-                                              u_out + t * d + c + N);
-      const VD p[4] = {hn::PromoteTo(dd, hn::LowerHalf(dh, x0)), hn::PromoteTo(dd, hn::UpperHalf(dh, x0)),
-                       hn::PromoteTo(dd, hn::LowerHalf(dh, x1)), hn::PromoteTo(dd, hn::UpperHalf(dh, x1))};
-      if (c == 0) hrow[t] = static_cast<double>(hn::GetLane(x0));
+      const auto tev = hn::Set(dh, te[t]), trv = hn::Set(dh, tr[t]);
+      hn::Vec<DH> x[4];
+      VD p[4];
+      for (size_t k = 0; k < 4; ++k) {
+        x[k] = FormCurWith<kDivs, kKeys>(hn::LoadU(dh, src + t * d + c + k * L), tev, trv, ce[k], cr[k],
+                                         u_out + t * d + c + k * L);
+        p[k] = hn::PromoteTo(dd, x[k]);
+      }
+      if (c == 0) hrow[t] = static_cast<double>(hn::GetLane(x[0]));
       const VD hr = hn::Set(dd, hrow[t]);
       double* HWY_RESTRICT st = state + t * 2 * kP;
       for (size_t k = 0; kVertical && k < 4; ++k) {
@@ -334,37 +337,31 @@ HWY_NOINLINE void StripPass(const float* HWY_RESTRICT src, size_t g, size_t d, c
 template <int kDivs, bool kKeys>
 HWY_NOINLINE void ColPass(const float* HWY_RESTRICT src, size_t g, size_t d, const Axis& tok,
                           const Axis& ch, float* HWY_RESTRICT u_out, float* HWY_RESTRICT std_out) {
-  const DF df;
   const DD dd;
-  const DH dh;
-  const size_t N = hn::Lanes(df), L = hn::Lanes(dd);
+  const DH dh;  // floats are handled a double vector's worth at a time: no half extraction
+  const size_t L = hn::Lanes(dd);
   const float* HWY_RESTRICT te = tok.e;
   const float* HWY_RESTRICT tr = tok.r;
-  for (size_t c = 0; c < d; c += 2 * N) {
-    const VF ce0 = hn::LoadU(df, ch.e + c), cr0 = hn::LoadU(df, ch.r + c);
-    const VF ce1 = hn::LoadU(df, ch.e + c + N), cr1 = hn::LoadU(df, ch.r + c + N);
+  for (size_t c = 0; c < d; c += 4 * L) {
+    hn::Vec<DH> ce[4], cr[4];
+    for (size_t k = 0; k < 4; ++k) ce[k] = hn::LoadU(dh, ch.e + c + k * L), cr[k] = hn::LoadU(dh, ch.r + c + k * L);
     const auto form = [&](size_t t, size_t k) {
-      const VF x = hn::LoadU(df, src + t * d + c + k * N);
+      const auto x = hn::LoadU(dh, src + t * d + c + k * L);
       if constexpr (kDivs == 0) {
-        return x;
+        return hn::PromoteTo(dd, x);
       } else {
-        return FormCurWith<kDivs, kKeys>(x, hn::Set(df, te[t]), hn::Set(df, tr[t]), k ? ce1 : ce0,
-                                         k ? cr1 : cr0, u_out + t * d + c + k * N);
+        return hn::PromoteTo(dd, FormCurWith<kDivs, kKeys>(x, hn::Set(dh, te[t]), hn::Set(dh, tr[t]), ce[k],
+                                                            cr[k], u_out + t * d + c + k * L));
       }
     };
-    const VF x0 = form(0, 0);
-    const VF x1 = form(0, 1);
-    const VD h0 = hn::PromoteTo(dd, hn::LowerHalf(dh, x0)), h1 = hn::PromoteTo(dd, hn::UpperHalf(dh, x0));
-    const VD h2 = hn::PromoteTo(dd, hn::LowerHalf(dh, x1)), h3 = hn::PromoteTo(dd, hn::UpperHalf(dh, x1));
+    const VD h0 = form(0, 0), h1 = form(0, 1), h2 = form(0, 2), h3 = form(0, 3);
     // Token 0 adds y = 0 to every sum.
     VD a0 = hn::Zero(dd), a1 = a0, a2 = a0, a3 = a0, q0 = a0, q1 = a0, q2 = a0, q3 = a0;
     for (size_t t = 1; t < g; ++t) {
-      const VF y = form(t, 0);
-      const VF z = form(t, 1);
-      const VD y0 = hn::Sub(hn::PromoteTo(dd, hn::LowerHalf(dh, y)), h0);
-      const VD y1 = hn::Sub(hn::PromoteTo(dd, hn::UpperHalf(dh, y)), h1);
-      const VD y2 = hn::Sub(hn::PromoteTo(dd, hn::LowerHalf(dh, z)), h2);
-      const VD y3 = hn::Sub(hn::PromoteTo(dd, hn::UpperHalf(dh, z)), h3);
+      const VD y0 = hn::Sub(form(t, 0), h0);
+      const VD y1 = hn::Sub(form(t, 1), h1);
+      const VD y2 = hn::Sub(form(t, 2), h2);
+      const VD y3 = hn::Sub(form(t, 3), h3);
       a0 = hn::Add(a0, y0), a1 = hn::Add(a1, y1), a2 = hn::Add(a2, y2), a3 = hn::Add(a3, y3);
       q0 = FmaSquare(y0, q0), q1 = FmaSquare(y1, q1), q2 = FmaSquare(y2, q2), q3 = FmaSquare(y3, q3);
     }
