@@ -39,10 +39,9 @@
 
 #if KVARN_ATTEND_VNNI
 #ifndef KVARN_VNNI_ATTR
-#define KVARN_VNNI_ATTR                                                            \
-  __attribute__((                                                                  \
-      target("avx2,fma,f16c,bmi,bmi2,avx512f,avx512vl,avx512dq,avx512bw,avx512cd," \
-             "avx512vnni,avx512vbmi")))
+// The current Highway target's features plus the two extensions (clang inlines Highway's
+// functions only into a superset of their target), expanded where it is used.
+#define KVARN_VNNI_ATTR __attribute__((target(HWY_TARGET_STR ",avx512vnni,avx512vbmi")))
 #endif
 
 HWY_BEFORE_NAMESPACE();
