@@ -246,6 +246,19 @@ struct SoftmaxState {
   float sum[64];
 };
 
+// The record's six fp16 scale vectors widened into the scratch, those indexed by token or
+// channel in the order of the code planes the dot products use.
+void WidenScales(const Preset& p, size_t d, const uint8_t* record, const RecordLayout& l,
+                 AttendScratch& s) {
+  const size_t g = static_cast<size_t>(p.tile_tokens);
+  WidenHalves(record + l.k_a, d, s.a_k.get());
+  WidenHalves(record + l.k_b, d, s.b_k.get());
+  WidenPlaneOrder(record + l.k_r, g, p.key_bits, s.r_k.get());
+  WidenPlaneOrder(record + l.v_a, g, p.key_bits, s.a_v.get());
+  WidenPlaneOrder(record + l.v_b, g, p.key_bits, s.b_v.get());
+  WidenPlaneOrder(record + l.v_c, d, p.value_bits, s.c_v.get());
+}
+
 // Folds one quantized tile into the tiles' softmax state and accumulator, fetching the next
 // record (or none: nullptr) on the way.
 void AttendTile(const Preset& p, size_t d, int heads, const uint8_t* record, const uint8_t* next,
@@ -266,12 +279,7 @@ void AttendTile(const Preset& p, size_t d, int heads, const uint8_t* record, con
   float* HWY_RESTRICT tile_acc = s.tile_acc.get();
   float* HWY_RESTRICT acc_q = s.acc_q.get();
   Prefetcher prefetch(next, l.total);
-  WidenHalves(record + l.k_a, d, a_k);
-  WidenHalves(record + l.k_b, d, b_k);
-  WidenPlaneOrder(record + l.k_r, g, p.key_bits, r_k);
-  WidenPlaneOrder(record + l.v_a, g, p.key_bits, a_v);
-  WidenPlaneOrder(record + l.v_b, g, p.key_bits, b_v);
-  WidenPlaneOrder(record + l.v_c, d, p.value_bits, c_v);
+  WidenScales(p, d, record, l, s);
 
   float beta[64];
   for (int h = 0; h < heads; ++h) {
@@ -376,12 +384,7 @@ void AttendTileFast(const Preset& p, size_t d, int heads, const uint8_t* record,
   float* HWY_RESTRICT scores = s.scores.get();
   float* HWY_RESTRICT acc_q = s.acc_q.get();
   Prefetcher prefetch(next, l.total);
-  WidenHalves(record + l.k_a, d, a_k);
-  WidenHalves(record + l.k_b, d, b_k);
-  WidenPlaneOrder(record + l.k_r, g, p.key_bits, r_k);
-  WidenPlaneOrder(record + l.v_a, g, p.key_bits, a_v);
-  WidenPlaneOrder(record + l.v_b, g, p.key_bits, b_v);
-  WidenPlaneOrder(record + l.v_c, d, p.value_bits, c_v);
+  WidenScales(p, d, record, l, s);
 
   // The rounding of the folded query to int8 moves a score by about
   // scale * r_K * |q a_K - rounded| * (spread of the codes, at most 4.6 for uniform 4-bit

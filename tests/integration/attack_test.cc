@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_split.h"
 #include "tests/integration/fixture.h"
 
@@ -20,20 +21,10 @@ namespace {
 
 using Code = absl::StatusCode;
 
-std::string Hex(const std::string& bytes) {
-  static const char* d = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out += d[c >> 4];
-    out += d[c & 15];
-  }
-  return out;
-}
-
 std::string Sha256Hex(const std::string& token) {
   unsigned char h[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), h);
-  return Hex(std::string(reinterpret_cast<char*>(h), sizeof(h)));
+  return absl::BytesToHexString(std::string(reinterpret_cast<char*>(h), sizeof(h)));
 }
 
 constexpr char kVictimToken[] = "victim-token-7f3a";
@@ -166,7 +157,8 @@ TEST_F(AttackTest, IdsWithoutTheSecretAndWrongSecretsGrantNothing) {
   IT_ASSIGN_OR_FAIL(victim, OpenAs(*client, "victim", ""));
   const Victim before = MakeVictim(*victim, 1000);
   // A zero secret, then a wrong one of the right length, on every id around the victim's.
-  for (const std::string& secret : {std::string(), Hex(std::string(32, '\x5a'))}) {
+  for (const std::string& secret :
+       {std::string(), absl::BytesToHexString(std::string(32, '\x5a'))}) {
     std::vector<std::string> args = {"probe", "--target=" + d->target(), absl::StrCat("--session=", victim->id()),
                                      absl::StrCat("--epoch=", victim->epoch())};
     if (!secret.empty()) args.push_back("--secret=" + secret);
@@ -262,7 +254,7 @@ TEST_F(AttackTest, SealedSegmentsTheDaemonAndOtherTailsCannotBeWritten) {
   // Even a leaked secret does not take the victim's tail: its memory went to this process.
   Child* a = Attacker({"memory", "--target=" + d->target(), "--tenant=mallory", absl::StrCat("--daemon-pid=", d->pid()),
                        absl::StrCat("--victim-session=", victim->id()), absl::StrCat("--victim-epoch=", victim->epoch()),
-                       "--victim-secret=" + Hex(victim->Ref().secret())});
+                       "--victim-secret=" + absl::BytesToHexString(victim->Ref().secret())});
   ASSERT_NE(a, nullptr);
   const std::vector<std::string> lines = LinesUntil(a, "SUMMARY");
   int attacks = 0;

@@ -5,6 +5,7 @@
 // reference behind.
 #include <random>
 
+#include "absl/strings/escaping.h"
 #include "client/lib/commit_ring.h"
 #include "tests/integration/fixture.h"
 
@@ -13,16 +14,6 @@ namespace {
 
 using Code = absl::StatusCode;
 using Items = std::vector<std::pair<uint64_t, std::vector<uint32_t>>>;
-
-std::string Hex(const std::string& bytes) {
-  static const char* d = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out += d[c >> 4];
-    out += d[c & 15];
-  }
-  return out;
-}
 
 class CommitRingTest : public IntegrationTest {
  protected:
@@ -94,7 +85,7 @@ TEST_F(CommitRingTest, AScribblingNeighbourHurtsOnlyItsOwnSession) {
   const std::vector<double> alone = Steps(*victim, qv, 0, kSteps, 1, by_ring);
   Steps(*twin, qt, 0, kSteps, 1, by_batch);
 
-  const std::string secret = Hex(victim->Ref().secret());
+  const std::string secret = absl::BytesToHexString(victim->Ref().secret());
   Child* a = Spawn(AttackerBinary(), {"ring", "--target=" + d->target(), "--tenant=mallory",
                                       absl::StrCat("--victim-session=", victim->id()),
                                       absl::StrCat("--victim-epoch=", victim->epoch()), "--victim-secret=" + secret});

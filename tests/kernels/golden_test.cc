@@ -8,12 +8,14 @@
 
 #include "kernels/codec.h"
 #include "tests/common/golden.h"
+#include "tests/kernels/golden_codec.h"
 
 namespace kvarn {
 namespace {
 
 using testing::CodecOutput;
 using testing::GoldenCase;
+using testing::RunCodec;
 
 const std::vector<GoldenCase>& Cases() {
   static const std::vector<GoldenCase> cases = testing::LoadGoldenCases(testing::GoldenDir());
@@ -26,27 +28,6 @@ struct Param {
 };
 
 class GoldenTest : public ::testing::TestWithParam<Param> {};
-
-CodecOutput RunCodec(const Codec& codec, const GoldenCase& c, const Preset& preset) {
-  CodecOutput out;
-  const int d = c.head_dim;
-  out.record.resize(preset.RecordBytes(d));
-  EncodeOptions opt;
-  opt.iterations = c.iterations;
-  const CodecStatus enc = codec.EncodeTile(preset, d, {c.k.data(), c.v.data()}, out.record, opt);
-  EXPECT_TRUE(enc.ok()) << enc.ToString();
-  out.k_hat.resize(c.k.size());
-  out.v_hat.resize(c.v.size());
-  const CodecStatus dec = codec.DecodeTile(preset, d, out.record, {out.k_hat.data(), out.v_hat.data()});
-  EXPECT_TRUE(dec.ok()) << dec.ToString();
-  out.attention.resize(c.q.size());
-  const uint8_t* tiles[] = {out.record.data()};
-  SequenceView seq;
-  seq.tiles = tiles;
-  const CodecStatus att = codec.AttendDecode(preset, d, c.q.data(), c.num_queries, seq, out.attention.data());
-  EXPECT_TRUE(att.ok()) << att.ToString();
-  return out;
-}
 
 TEST_P(GoldenTest, EveryCaseAndPresetWithinManifestTolerances) {
   const Codec& codec = *GetParam().codec;

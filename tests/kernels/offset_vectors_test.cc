@@ -10,33 +10,16 @@
 
 #include "kernels/codec.h"
 #include "tests/common/golden.h"
+#include "tests/kernels/golden_codec.h"
 
 namespace kvarn {
 namespace {
 
 using testing::CodecOutput;
 using testing::GoldenCase;
+using testing::RunCodec;
 
 std::string Dir() { return testing::GoldenDir() + "/offsets"; }
-
-CodecOutput RunCodec(const Codec& codec, const GoldenCase& c, const Preset& preset) {
-  CodecOutput out;
-  const int d = c.head_dim;
-  out.record.resize(preset.RecordBytes(d));
-  EncodeOptions opt;
-  opt.iterations = c.iterations;
-  const CodecStatus enc = codec.EncodeTile(preset, d, {c.k.data(), c.v.data()}, out.record, opt);
-  EXPECT_TRUE(enc.ok()) << enc.ToString();
-  out.k_hat.resize(c.k.size());
-  out.v_hat.resize(c.v.size());
-  EXPECT_TRUE(codec.DecodeTile(preset, d, out.record, {out.k_hat.data(), out.v_hat.data()}).ok());
-  out.attention.resize(c.q.size());
-  const uint8_t* tiles[] = {out.record.data()};
-  SequenceView seq;
-  seq.tiles = tiles;
-  EXPECT_TRUE(codec.AttendDecode(preset, d, c.q.data(), c.num_queries, seq, out.attention.data()).ok());
-  return out;
-}
 
 class OffsetVectorsTest : public ::testing::TestWithParam<const Codec*> {};
 
