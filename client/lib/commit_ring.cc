@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -10,6 +11,10 @@
 
 namespace kvarn {
 namespace {
+
+// How long a commit waits for kvarnd's verdict once its session is seen ended: kvarnd's ring
+// thread answers within its poll period (or at once, when it takes the records).
+constexpr absl::Duration kEndedSessionGrace = absl::Seconds(2);
 
 inline void Pause() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -61,7 +66,8 @@ absl::Status CommitRing::WaitFor(uint32_t target) {
     for (int i = 0; i < 64; ++i) Pause();
     if (std::chrono::steady_clock::now() >= spin_until) break;
   }
-  const absl::Time deadline = absl::Now() + session_->client_->options().rpc_timeout;
+  absl::Time deadline = absl::Now() + session_->client_->options().rpc_timeout;
+  bool ended = false;
   for (;;) {
     const uint32_t seen = h->done.load(std::memory_order_acquire);
     if (seen == target) return absl::OkStatus();
@@ -73,9 +79,16 @@ absl::Status CommitRing::WaitFor(uint32_t target) {
       const absl::StatusCode c = code <= 16 ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kFailedPrecondition;
       return absl::Status(c, absl::StrCat("the commit ring is closed: ", msg));
     }
-    if (!session_->alive()) return absl::FailedPreconditionError("the session's lease ended; its commit ring is gone");
     const absl::Time now = absl::Now();
+    if (!ended && !session_->alive()) {
+      // The session ended while the records were in flight: kvarnd still answers them (with
+      // CommitBatch's NOT_FOUND, or their results if it took them first); wait for that
+      // verdict a short while rather than guess it.
+      ended = true;
+      deadline = std::min(deadline, now + kEndedSessionGrace);
+    }
     if (now >= deadline) {
+      if (ended) return absl::NotFoundError("the session ended; kvarnd gave no verdict on the ring's last commits");
       return absl::DeadlineExceededError("kvarnd did not complete the ring's commits in time; their outcome is unknown");
     }
     ring::FutexWait(&h->done, seen, std::min(deadline - now, absl::Milliseconds(20)));

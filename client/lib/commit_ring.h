@@ -22,9 +22,10 @@
 // CommitBatch gives them. Commit fails for the call, leaving the ring unusable (use
 // CommitBatch, or a new session), with DEADLINE_EXCEEDED when kvarnd does not complete the
 // batch within the client's rpc_timeout (its outcome is then unknown: Table may be stale),
-// FAILED_PRECONDITION when the session's lease ended, and the daemon's code when it closed
-// the ring (FAILED_PRECONDITION: this process moved its tail out of bounds; NOT_FOUND: the
-// session ended; UNAVAILABLE: kvarnd is stopping), with its message.
+// and the daemon's code when it closed the ring (FAILED_PRECONDITION: this process moved its
+// tail out of bounds; NOT_FOUND: the session ended; UNAVAILABLE: kvarnd is stopping), with its
+// message. When this client sees its session end mid-batch it waits up to 2 s more for that
+// verdict, then gives NOT_FOUND itself.
 //
 // Thread safety: Commit may be called from any thread; calls are serialized (one producer).
 // REQUIRES: the Session outlives its CommitRing; the session's pool is mapped (a Unix socket
