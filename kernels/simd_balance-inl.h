@@ -150,6 +150,12 @@ HWY_INLINE hn::Vec<DH> StdsOf(VD s1, VD s2, size_t n) {
 // cur = u / second; 2, src is T, u = T / first (stored to u_out) and cur = u / second. For
 // keys (kKeys) the first divisor is per token and the second per channel; for values the
 // reverse.
+// Where FormCurWith stores u: only kDivs == 2 stores it (u_out is null otherwise, and no
+// offset may be applied to it).
+template <int kDivs>
+HWY_INLINE float* UAt(float* HWY_RESTRICT u_out, size_t offset) {
+  return kDivs == 2 ? u_out + offset : nullptr;
+}
 template <int kDivs, bool kKeys, class V>
 HWY_INLINE V FormCurWith(V x, V te, V tr, V ce, V cr, float* HWY_RESTRICT u_at) {
   if constexpr (kDivs == 0) {
@@ -172,7 +178,7 @@ HWY_INLINE VF FormCur(const float* HWY_RESTRICT src, size_t t, size_t c, size_t 
     return x;
   } else {
     return FormCurWith<kDivs, kKeys>(x, hn::Set(df, tok.e[t]), hn::Set(df, tok.r[t]), hn::LoadU(df, ch.e + c),
-                                     hn::LoadU(df, ch.r + c), u_out + t * d + c);
+                                     hn::LoadU(df, ch.r + c), UAt<kDivs>(u_out, t * d + c));
   }
 }
 
@@ -274,7 +280,7 @@ HWY_NOINLINE void StripPass(const float* HWY_RESTRICT src, size_t g, size_t d, c
       VD p[4];
       for (size_t k = 0; k < 4; ++k) {
         x[k] = FormCurWith<kDivs, kKeys>(hn::LoadU(dh, src + t * d + c + k * L), tev, trv, ce[k], cr[k],
-                                         u_out + t * d + c + k * L);
+                                         UAt<kDivs>(u_out, t * d + c + k * L));
         p[k] = hn::PromoteTo(dd, x[k]);
       }
       if (c == 0) hrow[t] = static_cast<double>(hn::GetLane(x[0]));
@@ -351,7 +357,7 @@ HWY_NOINLINE void ColPass(const float* HWY_RESTRICT src, size_t g, size_t d, con
         return hn::PromoteTo(dd, x);
       } else {
         return hn::PromoteTo(dd, FormCurWith<kDivs, kKeys>(x, hn::Set(dh, te[t]), hn::Set(dh, tr[t]), ce[k],
-                                                            cr[k], u_out + t * d + c + k * L));
+                                                            cr[k], UAt<kDivs>(u_out, t * d + c + k * L)));
       }
     };
     const VD h0 = form(0, 0), h1 = form(0, 1), h2 = form(0, 2), h3 = form(0, 3);
