@@ -45,6 +45,7 @@
 #include "client/kvarnctl/rng.h"
 #include "kernels/codec.h"
 #include "kernels/fp16.h"
+#include "tests/bench/memory_sweep.h"
 
 namespace kvarn::bench {
 namespace {
@@ -151,9 +152,7 @@ std::vector<uint8_t>& EvictBuffer(int worker) {
 // the timed step is not charged for writing back what the eviction dirtied.
 void Evict(int worker) {
   const std::vector<uint8_t>& b = EvictBuffer(worker);
-  uint64_t sum = 0;
-  for (size_t i = 0; i < b.size(); i += 64) sum += b[i];
-  asm volatile("" : : "r"(sum) : "memory");
+  EvictByReading(b.data(), b.size());
 }
 
 // Streaming-read bandwidth in bytes/s of `workers` threads over one kReadBytes buffer.
@@ -165,9 +164,7 @@ double StreamRead(Workers& workers) {
       const size_t n = buf.size() / static_cast<size_t>(workers.size());
       const uint64_t* p = buf.data() + static_cast<size_t>(w) * n;
       workers.Sync();
-      uint64_t a = 0, b = 0, c = 0, d = 0;
-      for (size_t i = 0; i + 4 <= n; i += 4) a += p[i], b += p[i + 1], c += p[i + 2], d += p[i + 3];
-      asm volatile("" : : "r"(a + b + c + d));
+      SumWords(p, n);
       workers.Sync();
     });
     const double s =

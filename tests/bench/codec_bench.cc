@@ -39,6 +39,7 @@
 #include "kernels/codec.h"
 #include "tests/bench/bench_data.h"
 #include "tests/bench/dense_attention.h"
+#include "tests/bench/memory_sweep.h"
 #include "tests/bench/q4_0_peer.h"
 #include "tests/bench/summary.h"
 
@@ -77,17 +78,11 @@ size_t TileFp16Bytes(const Preset& p, int d) {
   return 2 * 2 * static_cast<size_t>(p.tile_tokens) * d;
 }
 
-// Streaming read: a sum over `bytes` of 64-bit words, four independent chains (far more adds
-// per cycle than memory delivers), the buffer touched first so that no page faults are timed.
+// Streaming read: a sum over `bytes` of 64-bit words (SumWords), the buffer touched first so
+// that no page faults are timed.
 void BM_StreamRead(benchmark::State& state, size_t bytes) {
   std::vector<uint64_t> buf(bytes / sizeof(uint64_t), 1);
-  for (auto _ : state) {
-    uint64_t a = 0, b = 0, c = 0, d = 0;
-    for (size_t i = 0; i + 4 <= buf.size(); i += 4) {
-      a += buf[i], b += buf[i + 1], c += buf[i + 2], d += buf[i + 3];
-    }
-    benchmark::DoNotOptimize(a + b + c + d);
-  }
+  for (auto _ : state) benchmark::DoNotOptimize(SumWords(buf.data(), buf.size()));
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
 }
 
@@ -183,9 +178,8 @@ void BM_Decode(benchmark::State& state, const Codec* codec, const std::string& p
 // Evicts the caches (the quantized sequences, 28 MB, would otherwise stay in a 32 MB L3 from
 // one call to the next, which a server's many layers and sequences do not allow).
 void EvictCaches() {
-  static std::vector<uint8_t> junk(size_t{128} << 20, 1);
-  for (size_t i = 0; i < junk.size(); i += 64) junk[i] = static_cast<uint8_t>(junk[i] + 1);
-  benchmark::ClobberMemory();
+  static const std::vector<uint8_t> junk(size_t{128} << 20, 1);
+  EvictByReading(junk.data(), junk.size());
 }
 
 void BM_Attend(benchmark::State& state, const Codec* codec, bool cold) {
