@@ -11,6 +11,7 @@ packages=(
   # libraries
   libhwy-dev libabsl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libboost-dev libssl-dev openssl
+  libmemcached-dev memcached  # the shared tier (daemon/tiers/memcached_tier.h) and the servers its tests start
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
   # promtool validates the metrics exposition in the tests
