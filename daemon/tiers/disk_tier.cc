@@ -61,11 +61,13 @@ absl::Status MakeDirs(const std::string& dir) {
   for (size_t end = 1; end <= dir.size(); ++end) {
     if (end != dir.size() && dir[end] != '/') continue;
     const std::string prefix = dir.substr(0, end);
-    if (::mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST) return ErrnoError(errno, "cannot create", prefix);
+    if (::mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST)
+      return ErrnoError(errno, "cannot create", prefix);
   }
   struct stat st;
   if (::stat(dir.c_str(), &st) != 0) return ErrnoError(errno, "cannot stat", dir);
-  if (!S_ISDIR(st.st_mode)) return absl::FailedPreconditionError(absl::StrCat("disk tier: ", dir, " is not a directory"));
+  if (!S_ISDIR(st.st_mode))
+    return absl::FailedPreconditionError(absl::StrCat("disk tier: ", dir, " is not a directory"));
   return absl::OkStatus();
 }
 
@@ -88,8 +90,9 @@ absl::Status ReadAll(int fd, uint64_t bytes, std::string* out) {
 // record (*fault says why; anything but a regular file, or larger than any record, is
 // corrupt); NOT_FOUND, no such file; UNAVAILABLE, an I/O error (the file may read next time).
 // `touch`: a good file's mtime is set to now.
-absl::StatusOr<RecordMeta> ReadRecordFile(const TierIdentity& id, const std::string& path, const BlockHash* expect,
-                                          bool touch, std::string* bytes, RecordFault* fault) {
+absl::StatusOr<RecordMeta> ReadRecordFile(const TierIdentity& id, const std::string& path,
+                                          const BlockHash* expect, bool touch, std::string* bytes,
+                                          RecordFault* fault) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
   if (!fd.valid() && errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, " is gone"));
   if (!fd.valid() && errno == ELOOP) {  // O_NOFOLLOW met a symlink
@@ -100,17 +103,19 @@ absl::StatusOr<RecordMeta> ReadRecordFile(const TierIdentity& id, const std::str
   if (!fd.valid() || ::fstat(fd.get(), &st) != 0) {
     return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
   }
-  const uint64_t max_bytes = kRecordHeaderBytes + std::max(id.quant_block_bytes, id.sink_block_bytes);
+  const uint64_t max_bytes =
+      kRecordHeaderBytes + std::max(id.quant_block_bytes, id.sink_block_bytes);
   if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) > max_bytes) {
     *fault = RecordFault::kCorrupt;
-    return absl::DataLossError(absl::StrCat("corrupt block record: ", path, " is not a regular file of at most ",
-                                            max_bytes, " bytes"));
+    return absl::DataLossError(absl::StrCat(
+        "corrupt block record: ", path, " is not a regular file of at most ", max_bytes, " bytes"));
   }
   if (absl::Status s = ReadAll(fd.get(), static_cast<uint64_t>(st.st_size), bytes); !s.ok()) {
     return absl::UnavailableError(absl::StrCat("cannot read ", path, ": ", s.message()));
   }
   absl::StatusOr<RecordMeta> meta = CheckRecord(id, *bytes, expect, fault);
-  if (meta.ok() && touch) ::futimens(fd.get(), nullptr);  // best effort: only the LRU order a restart sees
+  if (meta.ok() && touch)
+    ::futimens(fd.get(), nullptr);  // best effort: only the LRU order a restart sees
   return meta;
 }
 
@@ -126,20 +131,23 @@ absl::Status WriteAll(int fd, std::string_view bytes, const std::string& path) {
 
 // Writes `bytes` to `tmp`, then renames it to `path`; on failure nothing is left at either.
 // The folder is made if missing (someone removed it, or it is the first file in it).
-absl::Status WriteFileAtomically(const std::string& folder, const std::string& tmp, const std::string& path,
-                                 std::string_view bytes, bool sync) {
+absl::Status WriteFileAtomically(const std::string& folder, const std::string& tmp,
+                                 const std::string& path, std::string_view bytes, bool sync) {
   const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW;
   UniqueFd fd(::open(tmp.c_str(), flags, 0600));
   if (!fd.valid() && errno == ENOENT) {
-    if (::mkdir(folder.c_str(), 0700) != 0 && errno != EEXIST) return ErrnoError(errno, "cannot create", folder);
+    if (::mkdir(folder.c_str(), 0700) != 0 && errno != EEXIST)
+      return ErrnoError(errno, "cannot create", folder);
     fd = UniqueFd(::open(tmp.c_str(), flags, 0600));
   }
   if (!fd.valid()) return ErrnoError(errno, "cannot create", tmp);
   absl::Status status = WriteAll(fd.get(), bytes, tmp);
-  if (status.ok() && sync && ::fdatasync(fd.get()) != 0) status = ErrnoError(errno, "cannot sync", tmp);
+  if (status.ok() && sync && ::fdatasync(fd.get()) != 0)
+    status = ErrnoError(errno, "cannot sync", tmp);
   // close reports deferred write errors (NFS, quotas); the descriptor is gone either way.
   if (::close(fd.Release()) != 0 && status.ok()) status = ErrnoError(errno, "cannot close", tmp);
-  if (status.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) status = ErrnoError(errno, "cannot rename", tmp);
+  if (status.ok() && ::rename(tmp.c_str(), path.c_str()) != 0)
+    status = ErrnoError(errno, "cannot rename", tmp);
   if (!status.ok()) ::unlink(tmp.c_str());
   return status;
 }
@@ -162,11 +170,13 @@ DiskTier::DiskTier(const DiskTierOptions& options, const TierIdentity& identity,
   stats_.capacity_bytes = options.capacity_bytes;
 }
 
-absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& options, const TierIdentity& identity,
-                                                         std::function<void(uint64_t, uint64_t)> progress) {
+absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(
+    const DiskTierOptions& options, const TierIdentity& identity,
+    std::function<void(uint64_t, uint64_t)> progress) {
   if (options.dir.empty()) return absl::InvalidArgumentError("disk tier: no directory given");
   if (options.capacity_bytes == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("disk tier ", options.dir, ": capacity_bytes must be > 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("disk tier ", options.dir, ": capacity_bytes must be > 0"));
   }
   DiskTierOptions opts = options;
   while (opts.dir.size() > 1 && opts.dir.back() == '/') opts.dir.pop_back();
@@ -176,7 +186,8 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
   if (!lock.valid()) return ErrnoError(errno, "cannot create", lock_path);
   if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) {
-      return absl::FailedPreconditionError(absl::StrCat("disk tier: ", opts.dir, " is in use by another open tier"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("disk tier: ", opts.dir, " is in use by another open tier"));
     }
     return ErrnoError(errno, "cannot lock", lock_path);
   }
@@ -252,13 +263,15 @@ absl::Status DiskTier::Scan(const std::function<void(uint64_t, uint64_t)>& progr
   for (uint64_t i = 0; i < total; ++i) {
     RecordMeta meta;
     if (CheckFound(found[i], &meta)) {
-      good.push_back(Good{meta, kRecordHeaderBytes + identity_.payload_bytes(meta.cls), found[i].mtime});
+      good.push_back(
+          Good{meta, kRecordHeaderBytes + identity_.payload_bytes(meta.cls), found[i].mtime});
     }
     if (progress && (i + 1) % kProgressEvery == 0 && i + 1 < total) progress(i + 1, total);
   }
   if (progress) progress(total, total);
 
-  std::stable_sort(good.begin(), good.end(), [](const Good& a, const Good& b) { return Older(a.mtime, b.mtime); });
+  std::stable_sort(good.begin(), good.end(),
+                   [](const Good& a, const Good& b) { return Older(a.mtime, b.mtime); });
   std::vector<BlockHash> trimmed;
   {
     MutexLock lock(&mu_);
@@ -283,14 +296,15 @@ absl::Status DiskTier::Scan(const std::function<void(uint64_t, uint64_t)>& progr
 bool DiskTier::CheckFound(const Found& f, RecordMeta* meta) {
   std::string bytes;
   RecordFault fault = RecordFault::kCorrupt;
-  absl::StatusOr<RecordMeta> checked =
-      ReadRecordFile(identity_, f.path, f.named ? &f.hash : nullptr, /*touch=*/false, &bytes, &fault);
+  absl::StatusOr<RecordMeta> checked = ReadRecordFile(
+      identity_, f.path, f.named ? &f.hash : nullptr, /*touch=*/false, &bytes, &fault);
   if (checked.ok() && f.named) {
     *meta = *checked;
     return true;
   }
-  if (checked.ok()) fault = RecordFault::kWrongKey;  // a good record under a name that is not its key
-  if (absl::IsNotFound(checked.status())) return false;  // gone meanwhile
+  if (checked.ok())
+    fault = RecordFault::kWrongKey;  // a good record under a name that is not its key
+  if (absl::IsNotFound(checked.status())) return false;     // gone meanwhile
   const bool bad = !absl::IsUnavailable(checked.status());  // else a read error: kept, it may pass
   if (bad) ::unlink(f.path.c_str());
   MutexLock lock(&mu_);
@@ -302,7 +316,8 @@ bool DiskTier::CheckFound(const Found& f, RecordMeta* meta) {
   return false;
 }
 
-bool DiskTier::Put(const BlockHash& hash, std::shared_ptr<const std::string> record, uint32_t tenant) {
+bool DiskTier::Put(const BlockHash& hash, std::shared_ptr<const std::string> record,
+                   uint32_t tenant) {
   MutexLock lock(&mu_);
   if (record == nullptr) {
     ++stats_.dropped_writes;
@@ -351,7 +366,8 @@ absl::StatusOr<std::string> DiskTier::Get(const BlockHash& hash) {
     MutexLock lock(&mu_);
     if (!meta.ok()) {
       ++stats_.misses;
-      return absl::NotFoundError(absl::StrCat("disk tier, queued record: ", meta.status().message()));
+      return absl::NotFoundError(
+          absl::StrCat("disk tier, queued record: ", meta.status().message()));
     }
     ++stats_.hits;
     stats_.read_bytes += bytes.size();
@@ -361,7 +377,8 @@ absl::StatusOr<std::string> DiskTier::Get(const BlockHash& hash) {
   // The file is read outside the lock. Renames are atomic, so it is the whole file of this
   // entry, or the whole file of a later one under the same hash, or gone (evicted meanwhile).
   std::string bytes;
-  absl::StatusOr<RecordMeta> meta = ReadRecordFile(identity_, PathOf(hash), &hash, /*touch=*/true, &bytes, &fault);
+  absl::StatusOr<RecordMeta> meta =
+      ReadRecordFile(identity_, PathOf(hash), &hash, /*touch=*/true, &bytes, &fault);
   MutexLock lock(&mu_);
   Entry* entry = Current(hash, generation);
   if (meta.ok()) {
@@ -484,8 +501,8 @@ void DiskTier::WriteOne(const Pending& job, std::vector<Removal>& removals, bool
   removals.insert(removals.end(), evicted.begin(), evicted.end());
 
   const std::string path = PathOf(job.hash);
-  const absl::Status written =
-      WriteFileAtomically(FolderOf(job.hash), absl::StrCat(path, kTempSuffix), path, record, options_.fsync);
+  const absl::Status written = WriteFileAtomically(
+      FolderOf(job.hash), absl::StrCat(path, kTempSuffix), path, record, options_.fsync);
   MutexLock lock(&mu_);
   pending_.erase(job.hash);
   pending_bytes_ -= size;

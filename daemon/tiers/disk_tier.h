@@ -78,7 +78,8 @@ class DiskTier final : public BlockTier {
   // Queues the record; a hash already held only moves to the LRU's recent end (no rewrite),
   // and one already queued is not queued twice. false (dropped_writes) when the queue's bytes
   // would pass queue_bytes or `record` is null.
-  bool Put(const BlockHash& hash, std::shared_ptr<const std::string> record, uint32_t tenant) override;
+  bool Put(const BlockHash& hash, std::shared_ptr<const std::string> record,
+           uint32_t tenant) override;
   // Held or queued; reads nothing and does not touch the LRU.
   bool Contains(const BlockHash& hash) override;
   // A queued record from the queue, a held one from its file; both checked. A hit moves the
@@ -128,7 +129,8 @@ class DiskTier final : public BlockTier {
   void WriteOne(const Pending& job, std::vector<Removal>& removals, bool* stored);
   void DeleteFiles(const std::vector<Removal>& removals);
   // Drops `it`'s entry from the index and LRU. REQUIRES: mu_ held.
-  void EraseEntry(absl::flat_hash_map<BlockHash, Entry>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseEntry(absl::flat_hash_map<BlockHash, Entry>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The entry of `hash` if it is still the one of `generation`.
   Entry* Current(const BlockHash& hash, uint64_t generation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string FolderOf(const BlockHash& hash) const;

@@ -19,7 +19,8 @@ ModelConfig Model() {
 }
 
 TierIdentity Identity(const ModelConfig& model = Model(), std::string_view secret = "s3cret") {
-  return MakeTierIdentity(model, 128, /*quant_block_bytes=*/1000, /*sink_block_bytes=*/3000, secret);
+  return MakeTierIdentity(model, 128, /*quant_block_bytes=*/1000, /*sink_block_bytes=*/3000,
+                          secret);
 }
 
 BlockHash HashOf(uint8_t seed) {
@@ -45,12 +46,14 @@ std::string Build(const TierIdentity& id, const RecordMeta& meta) {
 }
 
 // The fault CheckRecord reports (with `meta.hash` expected); kRecordFaults when it accepts.
-int FaultOf(const TierIdentity& id, const std::string& record, const BlockHash& expect = Meta().hash) {
+int FaultOf(const TierIdentity& id, const std::string& record,
+            const BlockHash& expect = Meta().hash) {
   RecordFault fault = RecordFault::kCorrupt;
   absl::StatusOr<RecordMeta> got = CheckRecord(id, record, &expect, &fault);
   if (got.ok()) return kRecordFaults;
   EXPECT_TRUE(absl::IsDataLoss(got.status())) << got.status();
-  EXPECT_NE(got.status().message().find(RecordFaultName(fault)), absl::string_view::npos) << got.status();
+  EXPECT_NE(got.status().message().find(RecordFaultName(fault)), absl::string_view::npos)
+      << got.status();
   return static_cast<int>(fault);
 }
 
@@ -88,8 +91,8 @@ TEST(BlockRecordTest, RoundTripsEveryFieldOfBothClasses) {
 TEST(BlockRecordTest, EveryShorterLengthIsTruncated) {
   const TierIdentity id = Identity();
   const std::string r = Build(id, Meta());
-  for (size_t len : {size_t{0}, size_t{1}, size_t{8}, size_t{100}, kRecordHeaderBytes - 1, kRecordHeaderBytes,
-                     kRecordHeaderBytes + 1, r.size() / 2, r.size() - 1}) {
+  for (size_t len : {size_t{0}, size_t{1}, size_t{8}, size_t{100}, kRecordHeaderBytes - 1,
+                     kRecordHeaderBytes, kRecordHeaderBytes + 1, r.size() / 2, r.size() - 1}) {
     EXPECT_EQ(FaultOf(id, r.substr(0, len)), kTruncated) << len;
   }
 }
@@ -104,7 +107,8 @@ TEST(BlockRecordTest, AnyFlippedBitIsRejected) {
       // A payload size (offset 120) made larger than the bytes there reads as truncated;
       // every other change is corrupt: bad fields, or the MAC.
       const bool size_grew = byte >= 120 && byte < 128 && (r[byte] & (1 << bit)) == 0;
-      ASSERT_EQ(FaultOf(id, bad), size_grew ? kTruncated : kCorrupt) << "byte " << byte << " bit " << bit;
+      ASSERT_EQ(FaultOf(id, bad), size_grew ? kTruncated : kCorrupt)
+          << "byte " << byte << " bit " << bit;
     }
   }
 }
@@ -119,7 +123,8 @@ TEST(BlockRecordTest, AnotherPoolsRecordIsForeign) {
 }
 
 TEST(BlockRecordTest, AnotherSecretFailsTheMac) {
-  EXPECT_EQ(FaultOf(Identity(Model(), "s3cret"), Build(Identity(Model(), "other"), Meta())), kCorrupt);
+  EXPECT_EQ(FaultOf(Identity(Model(), "s3cret"), Build(Identity(Model(), "other"), Meta())),
+            kCorrupt);
 }
 
 TEST(BlockRecordTest, ExpectedHashMismatchIsWrongKey) {

@@ -107,7 +107,8 @@ void WriteFile(const std::string& path, std::string_view bytes) {
 std::map<std::string, uint64_t> FilesUnder(const std::string& dir) {
   std::map<std::string, uint64_t> files;
   std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(dir, ec); it != fs::recursive_directory_iterator(); ++it) {
+  for (auto it = fs::recursive_directory_iterator(dir, ec);
+       it != fs::recursive_directory_iterator(); ++it) {
     const std::string rel = fs::relative(it->path(), dir).string();
     if (rel == "LOCK" || (it->is_directory() && !it->is_symlink())) continue;
     files[rel] = it->is_symlink() ? 0 : it->file_size();
@@ -239,12 +240,27 @@ TEST_F(DiskTierTest, PutThenGetReturnsIdenticalBytes) {
   EXPECT_EQ(t->write_policy(), TierWrite::kOnEvict);
 }
 
+TEST_F(DiskTierTest, SyncedWritesRoundTrip) {
+  DiskTierOptions o = Options();
+  o.fsync = true;
+  o.write = TierWrite::kOnSeal;
+  std::unique_ptr<DiskTier> t = OpenTier(o);
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->write_policy(), TierWrite::kOnSeal);
+  const Block b = MakeBlock(id_, 1);
+  ASSERT_TRUE(t->Put(b.hash(), b.record, 1));
+  ASSERT_TRUE(Flush(*t));
+  absl::StatusOr<std::string> got = t->Get(b.hash());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, *b.record);
+}
+
 TEST_F(DiskTierTest, ReopenedDirServesIndexAndGet) {
   const std::vector<Block> blocks = Blocks(600);  // more than one progress step
   Populate(blocks);
   std::vector<std::pair<uint64_t, uint64_t>> calls;
-  absl::StatusOr<std::unique_ptr<DiskTier>> t =
-      DiskTier::Open(Options(1000), id_, [&](uint64_t done, uint64_t total) { calls.emplace_back(done, total); });
+  absl::StatusOr<std::unique_ptr<DiskTier>> t = DiskTier::Open(
+      Options(1000), id_, [&](uint64_t done, uint64_t total) { calls.emplace_back(done, total); });
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_GE(calls.size(), 3u);
   for (size_t i = 1; i < calls.size(); ++i) EXPECT_GT(calls[i].first, calls[i - 1].first);
@@ -342,7 +358,8 @@ TEST_F(DiskTierTest, BadFilesAreRejectedAndDeletedOnGet) {
   ASSERT_NE(t, nullptr);
   Recorder rec;
   t->SetListener(rec.listener());
-  for (uint32_t i = 0; i < blocks.size(); ++i) ASSERT_TRUE(t->Put(blocks[i].hash(), blocks[i].record, 10 + i));
+  for (uint32_t i = 0; i < blocks.size(); ++i)
+    ASSERT_TRUE(t->Put(blocks[i].hash(), blocks[i].record, 10 + i));
   ASSERT_TRUE(Flush(*t));
   const std::string dir = Options().dir;
   auto file = [&](int i) { return FileOf(dir, blocks[i].hash()); };
@@ -351,7 +368,8 @@ TEST_F(DiskTierTest, BadFilesAreRejectedAndDeletedOnGet) {
   WriteFile(file(0), bytes);
   fs::resize_file(file(1), kRecordHeaderBytes + 3);
   WriteFile(file(2), *MakeBlock(Identity("other-model"), 2).record);
-  fs::copy_file(file(3), file(4), fs::copy_options::overwrite_existing);  // 3's record under 4's name
+  fs::copy_file(file(3), file(4),
+                fs::copy_options::overwrite_existing);  // 3's record under 4's name
   WriteFile(file(5), std::string(kRecordBytes, '\0'));
 
   const std::pair<int, const char*> cases[] = {
@@ -467,7 +485,9 @@ TEST_F(DiskTierTest, OpenTrimsOldestFilesBeyondCapacity) {
   const int age_order[] = {2, 0, 3, 1};
   for (int rank = 0; rank < 4; ++rank) {
     const timespec times[2] = {{1000 + rank, 0}, {1000 + rank, 0}};
-    ASSERT_EQ(::utimensat(AT_FDCWD, FileOf(Options().dir, b[age_order[rank]].hash()).c_str(), times, 0), 0);
+    ASSERT_EQ(
+        ::utimensat(AT_FDCWD, FileOf(Options().dir, b[age_order[rank]].hash()).c_str(), times, 0),
+        0);
   }
   std::unique_ptr<DiskTier> t = OpenTier(Options(/*capacity_blocks=*/2));
   ASSERT_NE(t, nullptr);
@@ -509,7 +529,7 @@ TEST_F(DiskTierTest, QueuedRecordsAreContainedServedAndBounded) {
   ASSERT_TRUE(held.WaitHeld());  // the writer is stuck telling the listener about 0
   ASSERT_TRUE(t->Put(b[1].hash(), b[1].record, 1));
   ASSERT_TRUE(t->Put(b[2].hash(), b[2].record, 1));
-  ASSERT_TRUE(t->Put(b[2].hash(), b[2].record, 1));  // queued already: not queued twice
+  ASSERT_TRUE(t->Put(b[2].hash(), b[2].record, 1));   // queued already: not queued twice
   EXPECT_FALSE(t->Put(b[3].hash(), b[3].record, 1));  // past queue_bytes
   EXPECT_TRUE(t->Contains(b[1].hash()));
   EXPECT_FALSE(t->Contains(b[3].hash()));
@@ -631,8 +651,12 @@ TEST_F(DiskTierTest, ConcurrentPutGetContains) {
         x = x * 1664525u + 1013904223u;
         const Block& b = blocks[(x >> 8) % blocks.size()];
         switch ((x >> 20) % 3) {
-          case 0: t->Put(b.hash(), b.record, th); break;
-          case 1: t->Contains(b.hash()); break;
+          case 0:
+            t->Put(b.hash(), b.record, th);
+            break;
+          case 1:
+            t->Contains(b.hash());
+            break;
           default: {
             ++gets;
             absl::StatusOr<std::string> got = t->Get(b.hash());
