@@ -18,6 +18,8 @@ constexpr char kFrameMagic[4] = {'K', 'V', 'M', '1'};
 constexpr size_t kMaxKeyBytes = 250;
 // The longest chunk suffix: "." + up to three digits (kMaxChunks is 256).
 constexpr size_t kMaxSuffixBytes = 4;
+// memcached takes a larger exptime for an absolute Unix time.
+constexpr uint32_t kMaxRelativeExpire = 30 * 24 * 3600;
 // stored = false events waiting for the writer thread; beyond it they are not delivered (a
 // listener that missed one only believes a rejected record is still there; its Get misses).
 constexpr size_t kMaxEvents = 4096;
@@ -37,6 +39,11 @@ uint64_t GetU64(const char* p) {
   uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
   return v;
+}
+
+// The largest record a pool with `id` writes; no valid one is larger.
+uint64_t MaxRecordBytes(const TierIdentity& id) {
+  return kRecordHeaderBytes + std::max(id.quant_block_bytes, id.sink_block_bytes);
 }
 
 // How `record_bytes` split into chunks of at most chunk_bytes, the frame in chunk 0.
@@ -204,10 +211,14 @@ absl::StatusOr<std::unique_ptr<MemcachedTier>> MemcachedTier::Open(const Memcach
   if (options.chunk_bytes < 1024) {
     return absl::InvalidArgumentError(absl::StrCat("memcached tier: chunk_bytes ", options.chunk_bytes, " < 1024"));
   }
-  const uint64_t max_record = kRecordHeaderBytes + std::max(identity.quant_block_bytes, identity.sink_block_bytes);
+  const uint64_t max_record = MaxRecordBytes(identity);
   if (ChunkCount(max_record, options.chunk_bytes) > kMaxChunks) {
     return absl::InvalidArgumentError(absl::StrCat("memcached tier: ", max_record, "-byte records need more than ",
                                                    kMaxChunks, " chunks of ", options.chunk_bytes, " bytes"));
+  }
+  if (options.expire_seconds > kMaxRelativeExpire) {
+    return absl::InvalidArgumentError(absl::StrCat("memcached tier: expire_seconds ", options.expire_seconds,
+                                                   " > 30 days, which memcached reads as a Unix time"));
   }
   if (options.read_handles == 0) return absl::InvalidArgumentError("memcached tier: read_handles is 0");
   if (options.timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("memcached tier: timeout <= 0");
@@ -234,9 +245,8 @@ MemcachedTier::MemcachedTier(const MemcachedTierOptions& options, const TierIden
                              std::vector<Handle> readers)
     : options_(options),
       identity_(identity),
-      expected_chunks_(static_cast<uint32_t>(ChunkCount(
-          kRecordHeaderBytes + std::max(identity.quant_block_bytes, identity.sink_block_bytes), options.chunk_bytes))),
-      max_record_bytes_(kRecordHeaderBytes + std::max(identity.quant_block_bytes, identity.sink_block_bytes)),
+      expected_chunks_(static_cast<uint32_t>(ChunkCount(MaxRecordBytes(identity), options.chunk_bytes))),
+      max_record_bytes_(MaxRecordBytes(identity)),
       writer_handle_(std::move(writer)) {
   {
     MutexLock lock(&mu_);
@@ -401,14 +411,17 @@ bool MemcachedTier::FetchChunks(memcached_st* m, const std::string& group, const
   return Answered(rc);
 }
 
-void MemcachedTier::Reject(memcached_st* m, const BlockHash& hash, const std::string& key, uint32_t chunks,
-                           RecordFault fault) {
-  // The main key first: once it is gone, no reader assembles the rest.
+void MemcachedTier::Reject(const BlockHash& hash, const std::string& key, uint32_t chunks, RecordFault fault) {
   bool failed = false;
-  for (uint32_t i = 0; i < chunks; ++i) {
-    const std::string chunk_key = MemcachedChunkKey(key, i);
-    const memcached_return_t rc = memcached_delete_by_key(m, key.data(), key.size(), chunk_key.data(), chunk_key.size(), 0);
-    failed |= !Answered(rc);
+  {
+    ReadLease handle(this);
+    // The main key first: once it is gone, no reader assembles the rest.
+    for (uint32_t i = 0; i < chunks; ++i) {
+      const std::string chunk_key = MemcachedChunkKey(key, i);
+      const memcached_return_t rc =
+          memcached_delete_by_key(handle.get(), key.data(), key.size(), chunk_key.data(), chunk_key.size(), 0);
+      failed |= !Answered(rc);
+    }
   }
   MutexLock lock(&mu_);
   ++stats_.rejected[static_cast<int>(fault)];
@@ -420,83 +433,97 @@ void MemcachedTier::Reject(memcached_st* m, const BlockHash& hash, const std::st
   }
 }
 
-absl::Status MemcachedTier::Miss() {
-  MutexLock lock(&mu_);
-  ++stats_.misses;
-  return absl::NotFoundError("not in the memcached tier");
-}
-
-absl::StatusOr<std::string> MemcachedTier::Get(const BlockHash& hash) {
-  const std::string key = MemcachedKey(options_.key_prefix, hash);
+MemcachedTier::Fetched MemcachedTier::FetchRecord(memcached_st* m, const std::string& key) {
+  Fetched f;
   std::vector<std::string> keys;
   for (uint32_t i = 0; i < expected_chunks_; ++i) keys.push_back(MemcachedChunkKey(key, i));
   std::vector<std::string> values;
   std::vector<bool> found;
-  ReadLease handle(this);
-  if (!FetchChunks(handle.get(), key, keys, values, found)) {
-    {
-      MutexLock lock(&mu_);
-      ++stats_.errors;
-    }
-    return Miss();
+  if (!FetchChunks(m, key, keys, values, found)) {
+    f.outcome = Fetched::kServerFailed;
+    return f;
   }
-  if (!found[0]) return Miss();
-
-  // The frame: how many chunks, how many bytes.
+  if (!found[0]) {
+    f.outcome = Fetched::kAbsent;
+    return f;
+  }
+  // The frame: how many chunks, how many bytes. A bad one's count is not believed.
   const std::string head = std::move(values[0]);  // `values` grows below
-  if (head.size() < kFrameBytes || std::memcmp(head.data(), kFrameMagic, sizeof(kFrameMagic)) != 0) {
-    Reject(handle.get(), hash, key, expected_chunks_, RecordFault::kCorrupt);
-    return absl::NotFoundError("not in the memcached tier (a corrupt value, deleted)");
-  }
+  f.outcome = Fetched::kBad;
+  f.fault = RecordFault::kCorrupt;
+  f.chunks = expected_chunks_;
+  if (head.size() < kFrameBytes || std::memcmp(head.data(), kFrameMagic, sizeof(kFrameMagic)) != 0) return f;
   const uint32_t chunks = GetU32(head.data() + 4);
   const uint64_t total = GetU64(head.data() + 8);
-  if (chunks == 0 || chunks > kMaxChunks || total > max_record_bytes_) {
-    Reject(handle.get(), hash, key, expected_chunks_, RecordFault::kCorrupt);  // its count is not believed
-    return absl::NotFoundError("not in the memcached tier (a corrupt value, deleted)");
-  }
+  if (chunks == 0 || chunks > kMaxChunks || total > max_record_bytes_) return f;
+  f.chunks = chunks;
   if (chunks > keys.size()) {
     // Written with a smaller chunk_bytes than ours: the rest in a second round trip.
     std::vector<std::string> more_keys;
     for (uint32_t i = static_cast<uint32_t>(keys.size()); i < chunks; ++i) more_keys.push_back(MemcachedChunkKey(key, i));
     std::vector<std::string> more_values;
     std::vector<bool> more_found;
-    if (!FetchChunks(handle.get(), key, more_keys, more_values, more_found)) {
-      {
-        MutexLock lock(&mu_);
-        ++stats_.errors;
-      }
-      return Miss();
+    if (!FetchChunks(m, key, more_keys, more_values, more_found)) {
+      f.outcome = Fetched::kServerFailed;
+      return f;
     }
     values.insert(values.end(), std::make_move_iterator(more_values.begin()), std::make_move_iterator(more_values.end()));
     found.insert(found.end(), more_found.begin(), more_found.end());
   }
-
-  std::string record;
-  record.reserve(total);
-  record.append(head, kFrameBytes);
-  bool missing = false;
+  f.record.reserve(total);
+  f.record.append(head, kFrameBytes);
   for (uint32_t i = 1; i < chunks; ++i) {
     if (!found[i]) {
-      missing = true;
-      break;
+      f.fault = RecordFault::kTruncated;  // a chunk evicted, or never written
+      return f;
     }
-    record.append(values[i]);
+    f.record.append(values[i]);
   }
-  if (missing || record.size() != total) {
-    // Short (a chunk evicted or cut) or long (chunks of another write): not the record framed.
-    const RecordFault fault = missing || record.size() < total ? RecordFault::kTruncated : RecordFault::kCorrupt;
-    Reject(handle.get(), hash, key, chunks, fault);
-    return absl::NotFoundError(absl::StrCat("not in the memcached tier (a ", RecordFaultName(fault), " value, deleted)"));
+  if (f.record.size() != total) {
+    // Short: a value cut; long: chunks of another write.
+    f.fault = f.record.size() < total ? RecordFault::kTruncated : RecordFault::kCorrupt;
+    return f;
   }
+  f.outcome = Fetched::kAssembled;
+  return f;
+}
+
+absl::StatusOr<std::string> MemcachedTier::Get(const BlockHash& hash) {
+  const std::string key = MemcachedKey(options_.key_prefix, hash);
+  Fetched f;
+  {
+    ReadLease handle(this);
+    f = FetchRecord(handle.get(), key);
+  }
+  switch (f.outcome) {
+    case Fetched::kServerFailed: {
+      MutexLock lock(&mu_);
+      ++stats_.errors;
+      ++stats_.misses;
+      return absl::NotFoundError("not in the memcached tier (its server did not answer)");
+    }
+    case Fetched::kAbsent: {
+      MutexLock lock(&mu_);
+      ++stats_.misses;
+      return absl::NotFoundError("not in the memcached tier");
+    }
+    case Fetched::kBad:
+      Reject(hash, key, f.chunks, f.fault);
+      return absl::NotFoundError(
+          absl::StrCat("not in the memcached tier (a ", RecordFaultName(f.fault), " value, deleted)"));
+    case Fetched::kAssembled:
+      break;
+  }
+  // The MAC is checked with no handle held.
   RecordFault fault = RecordFault::kCorrupt;
-  if (absl::StatusOr<RecordMeta> meta = CheckRecord(identity_, record, &hash, &fault); !meta.ok()) {
-    Reject(handle.get(), hash, key, chunks, fault);
+  if (absl::StatusOr<RecordMeta> meta = CheckRecord(identity_, f.record, &hash, &fault); !meta.ok()) {
+    Reject(hash, key, f.chunks, fault);
     return absl::NotFoundError(absl::StrCat("not in the memcached tier (", meta.status().message(), "; deleted)"));
   }
   MutexLock lock(&mu_);
   ++stats_.hits;
-  stats_.read_bytes += record.size();
-  return record;
+  stats_.read_bytes += f.record.size();
+  return std::move(f.record);
 }
 
 }  // namespace kvarn

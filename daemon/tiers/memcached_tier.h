@@ -87,7 +87,8 @@ class MemcachedTier final : public BlockTier {
  public:
   // InvalidArgument for a malformed option (no servers, a bad "host:port", a key prefix that
   // would make keys over memcached's 250 bytes or that holds spaces or control characters, a
-  // chunk_bytes that is too small or would need more than kMaxChunks chunks). Servers are not
+  // chunk_bytes under 1 KiB or that would need more than kMaxChunks chunks, expire_seconds
+  // over 30 days, which memcached would read as a Unix time). Servers are not
   // contacted: one that is down at start only misses.
   static absl::StatusOr<std::unique_ptr<MemcachedTier>> Open(const MemcachedTierOptions& options,
                                                              const TierIdentity& identity);
@@ -141,8 +142,17 @@ class MemcachedTier final : public BlockTier {
   // False when the server failed.
   bool FetchChunks(memcached_st* m, const std::string& group, const std::vector<std::string>& keys,
                    std::vector<std::string>& values, std::vector<bool>& found);
-  void Reject(memcached_st* m, const BlockHash& hash, const std::string& key, uint32_t chunks, RecordFault fault);
-  absl::Status Miss();
+  // What one Get found on the server, before the record's own check.
+  struct Fetched {
+    enum Outcome { kServerFailed, kAbsent, kBad, kAssembled } outcome = kAbsent;
+    std::string record;  // kAssembled
+    uint32_t chunks = 0;  // kBad, kAssembled: the keys to delete if it is rejected
+    RecordFault fault = RecordFault::kCorrupt;  // kBad
+  };
+  Fetched FetchRecord(memcached_st* m, const std::string& key);
+  // Deletes the value (the main key and `chunks` - 1 chunk keys), counts it, queues the
+  // listener's stored = false. Takes a reader handle of its own.
+  void Reject(const BlockHash& hash, const std::string& key, uint32_t chunks, RecordFault fault);
 
   const MemcachedTierOptions options_;
   const TierIdentity identity_;
@@ -158,7 +168,6 @@ class MemcachedTier final : public BlockTier {
   std::deque<Write> queue_ ABSL_GUARDED_BY(mu_);
   std::deque<Event> events_ ABSL_GUARDED_BY(mu_);
   bool in_flight_ ABSL_GUARDED_BY(mu_) = false;  // the writer holds a popped write
-  uint64_t in_flight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // queue_ and the write in flight
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   Listener listener_ ABSL_GUARDED_BY(mu_);

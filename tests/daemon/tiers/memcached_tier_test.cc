@@ -553,6 +553,9 @@ TEST(MemcachedTierOpenTest, RejectsMalformedOptions) {
   o.chunk_bytes = 2048;  // 700 KiB records in 2 KiB chunks: over kMaxChunks
   EXPECT_EQ(MemcachedTier::Open(o, id).status().code(), absl::StatusCode::kInvalidArgument);
   o.chunk_bytes = 512 * 1024;
+  o.expire_seconds = 31 * 24 * 3600;
+  EXPECT_EQ(MemcachedTier::Open(o, id).status().code(), absl::StatusCode::kInvalidArgument);
+  o.expire_seconds = 3600;
   // A server that is down is not an Open error: it only misses.
   EXPECT_TRUE(MemcachedTier::Open(o, id).ok());
 }
