@@ -285,6 +285,37 @@ absl::Status CudaSealer::CopyTail(const uint8_t* src, uint8_t* dst, int tokens) 
   return lane.Sync();
 }
 
+absl::Status CudaSealer::ExportBlock(const uint8_t* block, bool fp16, uint8_t* out) {
+  ScopedDevice scope(device_);
+  if (!scope.status().ok()) return scope.status();
+  absl::StatusOr<LaneLease> lease = Acquire();
+  if (!lease.ok()) return lease.status();
+  Lane& lane = **lease;
+  const size_t bytes = fp16 ? layout_.fp16_block_bytes() : layout_.quant_block_bytes();
+  if (absl::Status s = CudaStatus(cudaMemcpyAsync(out, block, bytes, cudaMemcpyDeviceToHost, lane.stream),
+                                  "exporting a block");
+      !s.ok()) {
+    return s;
+  }
+  return lane.Sync();
+}
+
+absl::Status CudaSealer::ImportBlock(const uint8_t* in, bool fp16, uint8_t* block) {
+  ScopedDevice scope(device_);
+  if (!scope.status().ok()) return scope.status();
+  absl::StatusOr<LaneLease> lease = Acquire();
+  if (!lease.ok()) return lease.status();
+  Lane& lane = **lease;
+  const size_t bytes = fp16 ? layout_.fp16_block_bytes() : layout_.quant_block_bytes();
+  if (absl::Status s = CudaStatus(cudaMemcpyAsync(block, in, bytes, cudaMemcpyHostToDevice, lane.stream),
+                                  "importing a block");
+      !s.ok()) {
+    return s;
+  }
+  if (fp16) return Scan(lane, block, 0, layout_.tile_tokens);
+  return lane.Sync();
+}
+
 absl::Status CudaSealer::WriteTokens(uint8_t* slot, int first, int n, const void* keys, const void* values,
                                      DType dtype) {
   // The host checks the input exactly as the CPU codec does (same messages), so bad input

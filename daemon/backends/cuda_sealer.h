@@ -49,6 +49,8 @@ class CudaSealer final : public Sealer {
   absl::Status SealQuantized(const uint8_t* slot, uint8_t* block) override;
   absl::Status SealSink(const uint8_t* slot, uint8_t* block) override;
   absl::Status CopyTail(const uint8_t* src, uint8_t* dst, int tokens) override;
+  absl::Status ExportBlock(const uint8_t* block, bool fp16, uint8_t* out) override;
+  absl::Status ImportBlock(const uint8_t* in, bool fp16, uint8_t* block) override;
   absl::Status WriteTokens(uint8_t* slot, int first, int n, const void* keys, const void* values,
                            DType dtype) override;
   absl::Status DecodeTile(const uint8_t* block, bool fp16, int layer, int head, float* keys,

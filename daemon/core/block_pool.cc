@@ -99,9 +99,12 @@ void PoolSet::Publish(BlockRef ref, const BlockHash& hash, std::optional<BlockRe
   b.has_parent = parent.has_value();
   b.parent = parent.value_or(BlockRef{});
   b.children = 0;
+  b.tile_index = 0;
+  b.in_tiers = 0;
   p.SetState(ref.id, BlockState::kActive);
   if (!parent.has_value()) return;
   const BlockInfo& pi = info(*parent);
+  b.tile_index = pi.tile_index + 1;
   KVARN_CHECK(pi.state == BlockState::kActive || pi.state == BlockState::kCached, "a parent is indexed");
   AddChild(*parent);
   if (ref.cls == BlockClass::kQuant) {
@@ -109,6 +112,12 @@ void PoolSet::Publish(BlockRef ref, const BlockHash& hash, std::optional<BlockRe
     b.has_root = from_sink || pi.has_root;
     b.root = from_sink ? parent->id : pi.root;
   }
+}
+
+void PoolSet::MarkInTiers(BlockRef ref, uint8_t tiers) {
+  BlockInfo& b = mut(ref.cls).info_[ref.id];
+  KVARN_CHECK(b.state == BlockState::kActive || b.state == BlockState::kCached, "only an indexed block is in a tier");
+  b.in_tiers |= tiers;
 }
 
 void PoolSet::Abort(BlockRef ref) {

@@ -45,7 +45,9 @@ struct BlockInfo {
   bool has_root = false;  // a quantized block whose chain starts with a sink block
   uint32_t root = 0;      // that sink block
   BlockHash hash{};
-  uint32_t tenant = 0;  // charged tenant
+  uint32_t tenant = 0;      // charged tenant
+  uint32_t tile_index = 0;  // position in its chain: 0 for a sequence's first tile
+  uint8_t in_tiers = 0;     // bit t: tier t below the pool holds it (as far as the core knows)
 };
 
 // One class of blocks.
@@ -91,9 +93,11 @@ class PoolSet {
 
   // A free block into kSealing (refs = 1, held by the caller), charged to `tenant`.
   std::optional<uint32_t> TakeFree(BlockClass c, uint32_t tenant);
-  // kSealing -> kActive, entered in the index under `hash`. REQUIRES: no block has `hash`;
-  // `parent`, if any, is indexed.
+  // kSealing -> kActive, entered in the index under `hash` (its tile index one past its
+  // parent's). REQUIRES: no block has `hash`; `parent`, if any, is indexed.
   void Publish(BlockRef b, const BlockHash& hash, std::optional<BlockRef> parent);
+  // Records that tiers (bits) hold the indexed block b.
+  void MarkInTiers(BlockRef b, uint8_t tiers);
   // kSealing -> kFree (the seal failed or was a duplicate); uncharged.
   void Abort(BlockRef b);
   // One more reference to an indexed block (kCached -> kActive).

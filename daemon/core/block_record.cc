@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/core/check.h"
 #include "daemon/core/sha256.h"
 
 namespace kvarn {
@@ -152,6 +153,17 @@ absl::StatusOr<RecordMeta> CheckRecord(const TierIdentity& id, std::span<const u
     return Fault(fault, RecordFault::kWrongKey, absl::StrCat("holds block ", HashToHex(meta.hash).substr(0, 16),
                                                              " under key ", HashToHex(*expect).substr(0, 16)));
   }
+  return meta;
+}
+
+RecordMeta PeekRecord(std::string_view record) {
+  KVARN_CHECK(record.size() >= kRecordHeaderBytes, "a checked record has a header");
+  const uint8_t* h = reinterpret_cast<const uint8_t*>(record.data());
+  RecordMeta meta;
+  std::memcpy(meta.hash.data(), h + 48, 32);
+  std::memcpy(meta.parent.data(), h + 80, 32);
+  meta.cls = GetU32(h + 112) == 1 ? BlockClass::kSink : BlockClass::kQuant;
+  meta.tile_index = GetU32(h + 116);
   return meta;
 }
 

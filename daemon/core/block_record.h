@@ -84,6 +84,10 @@ inline absl::StatusOr<RecordMeta> CheckRecord(const TierIdentity& id, std::strin
   return CheckRecord(id, std::span(reinterpret_cast<const uint8_t*>(record.data()), record.size()), expect, fault);
 }
 
+// The header fields of a record CheckRecord accepted (no check of its own: a tier's Get has
+// validated what it returns).
+RecordMeta PeekRecord(std::string_view record);
+
 inline std::span<const uint8_t> RecordPayload(std::string_view record) {
   return std::span(reinterpret_cast<const uint8_t*>(record.data()) + kRecordHeaderBytes,
                    record.size() - kRecordHeaderBytes);

@@ -8,6 +8,7 @@
 #include <iterator>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -131,6 +132,7 @@ struct OpenResult {
   SessionId session = 0;
   SessionSecret secret{};
   PoolView pool;
+  std::array<uint8_t, 32> prefix_namespace{};  // the tenant's (prefix_hash.h): for routers' own hashing
 };
 
 struct CreateResult {
@@ -172,6 +174,33 @@ struct TenantReport {
   TenantQuota quota;
 };
 
+// One tier below the pool (daemon/core/tier.h): its own figures and the core's use of it.
+struct TierReport {
+  std::string name;
+  std::string write;  // "evict" or "seal"
+  // The tier's own figures (TierStats, tier.h), copied field by field by the core.
+  uint64_t blocks = 0, bytes = 0, capacity_bytes = 0, hits = 0, misses = 0, read_bytes = 0;
+  uint64_t queued_blocks = 0, queued_bytes = 0, written_blocks = 0, written_bytes = 0, dropped_writes = 0;
+  uint64_t evicted_blocks = 0, errors = 0;
+  std::array<uint64_t, 4> rejected{};  // by RecordFault (block_record.h)
+  // The core's: blocks onboarded into the pool from this tier, prompt tokens they served,
+  // onboards that failed after a hit (import error, no free block), and blocks the core
+  // handed the tier (on seal or eviction) or could not (over the spill budget).
+  uint64_t onboarded_blocks = 0, hit_tokens = 0, onboard_failures = 0, spilled_blocks = 0, spill_dropped = 0;
+};
+
+// What Lookup found: the prompt's cached prefix, the pool's part first, then the part each
+// tier (in lookup order) continues it by.
+struct LookupResult {
+  uint64_t pool_tokens = 0;
+  std::vector<std::pair<std::string, uint64_t>> tier_tokens;  // (tier name, tokens)
+  uint64_t total_tokens() const {
+    uint64_t t = pool_tokens;
+    for (const auto& [name, n] : tier_tokens) t += n;
+    return t;
+  }
+};
+
 struct CoreStats {
   uint64_t capacity_bytes = 0, quant_capacity_bytes = 0, fp16_capacity_bytes = 0;
   uint64_t quant_block_bytes = 0, fp16_block_bytes = 0;
@@ -190,6 +219,7 @@ struct CoreStats {
   uint64_t epoch = 0;
   std::vector<SessionStats> session_info;
   std::vector<TenantReport> tenants;  // configured tenants: the caller's own, all for admins
+  std::vector<TierReport> tiers;      // in lookup order
 
   uint32_t tile_tokens = 0;  // tokens per block (a tile), every class
   bool draining = false;     // set by the service: SIGTERM arrived, no new sessions
@@ -254,6 +284,9 @@ class CoreObserver {
   // One sampled tile's relative L2 error, per method: "kvarn" (the stored record) and the
   // baselines "hadamard" and "kivi" on the same tile (quant_error.h).
   virtual void OnQuantError(std::string_view method, double relative_l2) = 0;
+  // `blocks` blocks onboarded from tier `tier` into the pool, taking `per_block` each (fetch,
+  // validation and import; outside the lock).
+  virtual void OnOnboard(std::string_view /*tier*/, uint32_t /*blocks*/, absl::Duration /*per_block*/) {}
 };
 
 }  // namespace kvarn

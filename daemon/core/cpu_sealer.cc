@@ -66,6 +66,16 @@ absl::Status CpuSealer::CopyTail(const uint8_t* src, uint8_t* dst, int tokens) {
   return absl::OkStatus();
 }
 
+absl::Status CpuSealer::ExportBlock(const uint8_t* block, bool fp16, uint8_t* out) {
+  std::memcpy(out, block, fp16 ? layout_.fp16_block_bytes() : layout_.quant_block_bytes());
+  return absl::OkStatus();
+}
+
+absl::Status CpuSealer::ImportBlock(const uint8_t* in, bool fp16, uint8_t* block) {
+  std::memcpy(block, in, fp16 ? layout_.fp16_block_bytes() : layout_.quant_block_bytes());
+  return fp16 ? CheckTokens(block, 0, layout_.tile_tokens) : absl::OkStatus();
+}
+
 absl::Status CpuSealer::WriteTokens(uint8_t* slot, int first, int n, const void* keys,
                                     const void* values, DType dtype) {
   return FromCodec(Codec::Default().StoreTokens(preset_, layout_, slot, first, n, keys, values, dtype));

@@ -26,6 +26,8 @@ class CpuSealer final : public Sealer {
                            DType dtype) override;
   absl::Status DecodeTile(const uint8_t* block, bool fp16, int layer, int head, float* keys,
                           float* values) override;
+  absl::Status ExportBlock(const uint8_t* block, bool fp16, uint8_t* out) override;
+  absl::Status ImportBlock(const uint8_t* in, bool fp16, uint8_t* block) override;
   double SampleError(const uint8_t* slot, const uint8_t* block, int layer, int head) override;
 
  private:

@@ -13,6 +13,8 @@
 
 namespace kvarn {
 
+inline constexpr uint32_t kNoTenant = UINT32_MAX;
+
 struct BlockEvent {
   enum class Kind { kStored, kRemoved };
   Kind kind = Kind::kStored;
@@ -20,8 +22,9 @@ struct BlockEvent {
   BlockHash parent_hash{};
   uint32_t block = 0;
   bool fp16 = false;
-  uint32_t tenant = 0;
-  uint64_t seq = 0;  // assigned by the log, increasing from 1
+  uint32_t tenant = 0;  // kNoTenant: a tier's record whose tenant the daemon does not know
+  uint8_t tier = 0;     // 0: the pool; t + 1: tier t below it (KvCore::tier_name)
+  uint64_t seq = 0;     // assigned by the log, increasing from 1
 };
 
 class EventLog {

@@ -129,7 +129,9 @@ KvCore::KvCore(const CoreConfig& config, const Preset& preset, const BlockLayout
                              uint64_t{quant_blocks} * layout.quant_block_bytes() + uint64_t{sink_blocks} * layout.fp16_block_bytes()}),
       sessions_(epoch, config.lease_ttl, config.grace, &usage_),
       pools_(quant_blocks, sink_blocks, layout.quant_block_bytes(), layout.fp16_block_bytes(), &usage_),
-      whatif_(quant_blocks, sink_blocks) {}
+      whatif_(quant_blocks, sink_blocks),
+      tier_identity_(MakeTierIdentity(config.model, static_cast<uint32_t>(layout.tile_tokens), layout.quant_block_bytes(),
+                                      layout.fp16_block_bytes(), config.tenant_salt_secret)) {}
 
 KvCore::~KvCore() = default;
 
@@ -297,6 +299,7 @@ absl::StatusOr<OpenResult> KvCore::OpenSession(const OpenParams& p) {
   OpenResult r;
   r.session = s.id;
   r.secret = s.secret;
+  r.prefix_namespace = tenants_.get(s.tenant).ns;
   PoolView& v = r.pool;
   v.backend = backend_->name();
   v.tile_tokens = static_cast<uint32_t>(preset_.tile_tokens);
@@ -485,11 +488,21 @@ absl::StatusOr<KvCore::HashedPrompt> KvCore::PromptHashes(const SessionRef& ref,
 absl::StatusOr<CreateResult> KvCore::CreateSequence(const SessionRef& ref, std::span<const uint32_t> prompt) {
   auto hashed = PromptHashes(ref, prompt);
   if (!hashed.ok()) return hashed.status();
+  // Blocks of the prefix the tiers continue, held for this call (hashes[0, pins.size())).
+  std::vector<BlockRef> pins = OnboardPrefix(ref, hashed->hashes);
   Locked lock(this);
+  const auto unpin = [&] {
+    for (const BlockRef& b : pins) pools_.Release(b, ++tick_);
+    pins.clear();
+  };
   auto s = sessions_.Find(ref);
-  if (!s.ok()) return s.status();
+  if (!s.ok()) {
+    unpin();
+    return s.status();
+  }
   SessionState& session = **s;
   if (session.free_slots.empty()) {
+    unpin();
     return absl::ResourceExhaustedError(session.slots == 0
         ? std::string("an observer session has no tail slots: open one with max_sequences")
         : absl::StrCat("all ", session.slots, " tail slots of this session are in use; release a sequence"));
@@ -498,6 +511,7 @@ absl::StatusOr<CreateResult> KvCore::CreateSequence(const SessionRef& ref, std::
   if (const BlockHash& ns = tenants_.get(session.tenant).ns; ns != hashed->ns) {
     // A tenants reload moved the tenant to another namespace while the prompt was hashed.
     rehashed = PrefixHashes(ns, prompt);
+    unpin();
   }
   const std::vector<BlockHash>& hashes = rehashed.empty() ? hashed->hashes : rehashed;
   sessions_.Renew(session, clock_->Now());
@@ -507,14 +521,20 @@ absl::StatusOr<CreateResult> KvCore::CreateSequence(const SessionRef& ref, std::
   q.tail_slot = session.free_slots.back();
   session.free_slots.pop_back();
   for (size_t i = 0; i < hashes.size(); ++i) {
-    const std::optional<BlockRef> hit = pools_.Find(hashes[i]);
-    if (!hit.has_value() || hit->cls != ClassAt(i)) break;
-    pools_.Acquire(*hit, ++tick_);
-    if (hit->cls == BlockClass::kSink) {
-      q.has_sink = true;
-      q.sink = hit->id;
+    BlockRef b;
+    if (i < pins.size()) {
+      b = pins[i];  // held already
     } else {
-      q.quant.push_back(hit->id);
+      const std::optional<BlockRef> hit = pools_.Find(hashes[i]);
+      if (!hit.has_value() || hit->cls != ClassAt(i)) break;
+      pools_.Acquire(*hit, ++tick_);
+      b = *hit;
+    }
+    if (b.cls == BlockClass::kSink) {
+      q.has_sink = true;
+      q.sink = b.id;
+    } else {
+      q.quant.push_back(b.id);
     }
     q.last_hash = hashes[i];
     q.tokens += static_cast<uint64_t>(preset_.tile_tokens);
@@ -531,18 +551,31 @@ absl::StatusOr<CreateResult> KvCore::CreateSequence(const SessionRef& ref, std::
   return r;
 }
 
-absl::StatusOr<uint64_t> KvCore::Lookup(const SessionRef& ref, std::span<const uint32_t> prompt) {
+absl::StatusOr<LookupResult> KvCore::Lookup(const SessionRef& ref, std::span<const uint32_t> prompt) {
   auto hashed = PromptHashes(ref, prompt);
   if (!hashed.ok()) return hashed.status();
   const std::vector<BlockHash>& hashes = hashed->hashes;
-  MutexLock lock(&mu_);
-  uint64_t tokens = 0;
-  for (size_t i = 0; i < hashes.size(); ++i) {
-    const std::optional<BlockRef> hit = pools_.Find(hashes[i]);
-    if (!hit.has_value() || hit->cls != ClassAt(i)) break;
-    tokens += static_cast<uint64_t>(preset_.tile_tokens);
+  const uint64_t g = static_cast<uint64_t>(preset_.tile_tokens);
+  LookupResult r;
+  size_t i = 0;
+  {
+    MutexLock lock(&mu_);
+    for (; i < hashes.size(); ++i) {
+      const std::optional<BlockRef> hit = pools_.Find(hashes[i]);
+      if (!hit.has_value() || hit->cls != ClassAt(i)) break;
+    }
   }
-  return tokens;
+  r.pool_tokens = i * g;
+  for (BlockTier* t : tiers_) r.tier_tokens.emplace_back(std::string(t->name()), 0);
+  // The tiers continue the prefix block by block, each block from the first tier holding it
+  // (no block is read: the disk tier's index, one round trip per memcached block).
+  for (; i < hashes.size(); ++i) {
+    size_t t = 0;
+    while (t < tiers_.size() && !tiers_[t]->Contains(hashes[i])) ++t;
+    if (t == tiers_.size()) break;
+    r.tier_tokens[t].second += g;
+  }
+  return r;
 }
 
 absl::StatusOr<uint32_t> KvCore::Release(const SessionRef& ref, std::span<const SequenceId> seqs) {

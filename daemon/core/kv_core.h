@@ -46,6 +46,7 @@
 #include "daemon/core/sequence.h"
 #include "daemon/core/sessions.h"
 #include "daemon/core/tenants.h"
+#include "daemon/core/tier.h"
 #include "daemon/core/whatif.h"
 #include "kernels/block_layout.h"
 #include "kernels/preset.h"
@@ -122,10 +123,27 @@ class KvCore {
   // PERMISSION_DENIED for another process. Renews nothing.
   absl::StatusOr<uint32_t> RingGrant(const SessionRef& ref, int pid) const;
 
-  // Sequences.
+  // Tiers below the pool (daemon/core/tier.h), in lookup order: the local disk first, then
+  // shared ones. Call once, before the first session; the tiers outlive the core. Blocks the
+  // pool evicts go to every tier that lacks them (exported under the lock, written behind);
+  // sealed blocks go at once to tiers whose policy is kOnSeal; a prompt's prefix that leaves
+  // the pool is continued from the tiers and onboarded by CreateSequence (docs/tiers.md).
+  void SetTiers(std::vector<BlockTier*> tiers);
+  // What the tiers' records must carry to be served by this pool (block_record.h).
+  const TierIdentity& tier_identity() const { return tier_identity_; }
+  size_t tier_count() const { return tiers_.size(); }
+  std::string_view tier_name(size_t t) const { return tiers_[t]->name(); }
+  // Hands every indexed block a tier lacks to the tiers and waits until `deadline` for their
+  // queues to empty (a stopping daemon's pool survives a restart on its disk tier). Returns
+  // the blocks handed over.
+  uint64_t SpillAll(absl::Time deadline);
+
+  // Sequences. The prompt's cached prefix is adopted: the pool's, continued by blocks
+  // onboarded from the tiers (fetched and validated outside the lock) before the reply.
   absl::StatusOr<CreateResult> CreateSequence(const SessionRef& ref, std::span<const uint32_t> prompt);
-  // How many prompt tokens CreateSequence would adopt now. Renews nothing.
-  absl::StatusOr<uint64_t> Lookup(const SessionRef& ref, std::span<const uint32_t> prompt);
+  // How many prompt tokens CreateSequence would adopt now, by tier; moves no block. Renews
+  // nothing.
+  absl::StatusOr<LookupResult> Lookup(const SessionRef& ref, std::span<const uint32_t> prompt);
   // Commits token_ids.size() tokens already written into the tail slot.
   absl::StatusOr<AppendResult> Append(const SessionRef& ref, SequenceId seq, std::span<const uint32_t> token_ids);
   // Many appends of one session. The outer status is the session's (unknown, stale epoch,
@@ -189,6 +207,33 @@ class KvCore {
       ABSL_LOCKS_EXCLUDED(mu_);
   BlockClass ClassAt(size_t tile) const;
 
+  // Tiers (kv_core_tiers.cc).
+  struct Spill {
+    RecordMeta meta;
+    std::shared_ptr<std::string> record;  // payload exported; header sealed after the lock
+    uint8_t tiers = 0;                    // bit t: hand to tier t; after HandOver, those that took it
+    uint32_t tenant = 0;
+    BlockRef block;                       // where it was (SpillAll marks the tiers that took it)
+  };
+  struct TierCounters {
+    std::atomic<uint64_t> onboarded{0}, hit_tokens{0}, onboard_failures{0}, spilled{0}, spill_dropped{0};
+  };
+  // Onboards the blocks of `hashes` that continue the pool's prefix from the tiers; holds
+  // every block of the prefix it returns (hashes[0, n)) for the caller, who adopts or releases
+  // them. Empty when the tiers add nothing. A miss, a rejected record, a failed import or a
+  // full pool ends the prefix there; it never fails the call.
+  std::vector<BlockRef> OnboardPrefix(const SessionRef& ref, const std::vector<BlockHash>& hashes)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues block b for the tiers that lack it, before b is evicted (under the lock: the
+  // export copies its bytes; sealing and writing wait for the lock's release).
+  void SpillBeforeEvict(BlockRef b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Seals and hands queued spills to their tiers (after the lock is released).
+  void HandOver(std::vector<Spill>& spills) ABSL_LOCKS_EXCLUDED(mu_);
+  // A sealed block's record for the tiers whose policy is kOnSeal; the bits of those that took it.
+  uint8_t PutOnSeal(BlockRef block, const RecordMeta& meta, uint32_t tenant) ABSL_LOCKS_EXCLUDED(mu_);
+  void OnTierEvent(size_t tier, const BlockHash& hash, bool stored, uint32_t tenant);
+  std::vector<TierReport> TierReports() const;
+
   // Eviction (policy in eviction_policy.h).
   bool EvictForPressure(BlockClass c, EvictReason reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EvictBlock(BlockRef b, EvictReason reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -209,7 +254,7 @@ class KvCore {
   absl::Status PlanAppend(SessionState& s, SequenceId seq, std::span<const uint32_t> ids, AppendPlan* plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Phase B of an append: the data-plane work outside the lock.
-  absl::Status AppendWork(const AppendPlan& plan, const void* keys, const void* values, DType dtype);
+  absl::Status AppendWork(AppendPlan& plan, const void* keys, const void* values, DType dtype);
   // Reports one sealed tile's error and its baselines' to the observer (outside the lock).
   void SampleQuantError(const AppendPlan& plan, int layer, int head);
   absl::StatusOr<AppendResult> FinishAppend(const AppendPlan& plan, absl::Status work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -250,10 +295,19 @@ class KvCore {
   WhatIfCache whatif_ ABSL_GUARDED_BY(mu_);
   // Regions of ended sessions, destroyed by Locked after the lock is released.
   std::vector<std::unique_ptr<Region>> graveyard_ ABSL_GUARDED_BY(mu_);
+  // Tiers: set before the first session, then read-only.
+  TierIdentity tier_identity_;
+  std::vector<BlockTier*> tiers_;
+  std::unique_ptr<TierCounters[]> tier_counters_;
+  // Evicted blocks' records waiting for the lock's release (Locked hands them over), and
+  // their bytes: an eviction beyond kSpillBudgetBytes in one locked call drops the block.
+  std::vector<Spill> spills_ ABSL_GUARDED_BY(mu_);
+  uint64_t spill_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // The core's lock for one public call; regions of sessions that ended during the call are
-// destroyed after the lock is released (destroying one may unmap memory or call the device).
+// destroyed after the lock is released (destroying one may unmap memory or call the device),
+// and blocks evicted during it are handed to the tiers.
 class ABSL_SCOPED_LOCKABLE KvCore::Locked {
  public:
   explicit Locked(KvCore* core) ABSL_EXCLUSIVE_LOCK_FUNCTION(core->mu_) : core_(core) { core_->mu_.Lock(); }
@@ -261,7 +315,11 @@ class ABSL_SCOPED_LOCKABLE KvCore::Locked {
     core_->mu_.AssertHeld();
     std::vector<std::unique_ptr<Region>> dead = std::move(core_->graveyard_);
     core_->graveyard_.clear();
+    std::vector<Spill> spills = std::move(core_->spills_);
+    core_->spills_.clear();
+    core_->spill_bytes_ = 0;
     core_->mu_.Unlock();
+    if (!spills.empty()) core_->HandOver(spills);
   }
   Locked(const Locked&) = delete;
   Locked& operator=(const Locked&) = delete;

@@ -43,6 +43,7 @@ bool KvCore::EvictForPressure(BlockClass c, EvictReason reason) {
 }
 
 void KvCore::EvictBlock(BlockRef b, EvictReason reason) {
+  SpillBeforeEvict(b);
   const BlockInfo old = pools_.Evict(b);
   ++counters_.evictions[static_cast<int>(reason)];
   BlockEvent e;
@@ -158,6 +159,7 @@ absl::StatusOr<CoreStats> KvCore::Stats(std::optional<SessionRef> ref) const {
   st.draining = draining_;
   st.sequences = static_cast<uint32_t>(sequences_.size());
   st.epoch = epoch_;
+  st.tiers = TierReports();
   for (const SessionState* s : sessions_.Live()) {
     if (!admin && s->tenant != tenant) continue;
     SessionStats info;

@@ -23,6 +23,12 @@ struct KvCore::AppendPlan {
   BlockRef block;
   // The appended ids: the caller's, valid for the whole call (no copy per item).
   std::span<const uint32_t> ids;
+  // For the tiers' record of a sealed block: its chain position, parent and tenant; and the
+  // tiers that took it at the seal (bits).
+  uint32_t tile_index = 0;
+  BlockHash parent_hash{};
+  uint32_t tenant = 0;
+  uint8_t stored_in = 0;
 };
 
 absl::StatusOr<AppendResult> KvCore::Append(const SessionRef& ref, SequenceId seq, std::span<const uint32_t> token_ids) {
@@ -60,6 +66,9 @@ absl::Status KvCore::PlanAppend(SessionState& s, SequenceId seq, std::span<const
     tile.insert(tile.end(), ids.begin(), ids.end());
     plan->hash = ChainHash(sq.last_hash, tenants_.get(s.tenant).ns, tile);
     plan->parent = sq.last_block();
+    plan->tile_index = static_cast<uint32_t>(sq.sealed_tiles());
+    plan->parent_hash = sq.last_hash;
+    plan->tenant = s.tenant;
     if (const std::optional<BlockRef> hit = pools_.Find(plan->hash); hit.has_value() && hit->cls == plan->cls) {
       // The same tile is cached already: adopt it (held now, so it cannot be evicted).
       pools_.Acquire(*hit, ++tick_);
@@ -122,7 +131,7 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendResult>>> KvCore::AppendBatch(
   return out;
 }
 
-absl::Status KvCore::AppendWork(const AppendPlan& plan, const void* keys, const void* values, DType dtype) {
+absl::Status KvCore::AppendWork(AppendPlan& plan, const void* keys, const void* values, DType dtype) {
   // The sequence is busy, so its slot and the kSealing block are ours alone.
   absl::Status work;
   const absl::Time start = clock_->Now();
@@ -137,6 +146,9 @@ absl::Status KvCore::AppendWork(const AppendPlan& plan, const void* keys, const 
     work = plan.cls == BlockClass::kSink ? sealer_->SealSink(plan.slot, dst) : sealer_->SealQuantized(plan.slot, dst);
     if (observer_ != nullptr && work.ok()) observer_->OnSeal(plan.cls == BlockClass::kSink, clock_->Now() - start);
     sample = work.ok() && plan.cls == BlockClass::kQuant && observer_ != nullptr && plan.block.id % 16 == 0;
+    if (work.ok() && !tiers_.empty()) {
+      plan.stored_in = PutOnSeal(plan.block, RecordMeta{plan.hash, plan.parent_hash, plan.cls, plan.tile_index}, plan.tenant);
+    }
   }
   // Every 16th quantized block (by id) has one (layer, kv-head) tile sampled, after the seal's
   // latency was taken: the stored record's error and the baselines' on the same tile.
@@ -179,6 +191,7 @@ absl::StatusOr<AppendResult> KvCore::FinishAppend(const AppendPlan& plan, absl::
       } else {
         KVARN_CHECK(!dup.has_value(), "a tile's hash names one chain position, hence one block class");
         pools_.Publish(block, plan.hash, plan.parent);
+        if (plan.stored_in != 0) pools_.MarkInTiers(block, plan.stored_in);
         BlockEvent e;
         e.kind = BlockEvent::Kind::kStored;
         e.hash = plan.hash;

@@ -41,6 +41,12 @@ class Sealer {
   // sink block or tail slot rather than a quantized block.
   virtual absl::Status DecodeTile(const uint8_t* block, bool fp16, int layer, int head,
                                   float* keys, float* values) = 0;
+  // Copies a sealed block (quantized, or an fp16 sink block when `fp16`) to host memory: the
+  // payload of a record for a tier below the pool (daemon/core/tier.h).
+  virtual absl::Status ExportBlock(const uint8_t* block, bool fp16, uint8_t* out) = 0;
+  // Writes a tier's record payload (already validated: block_record.h) from host memory into
+  // a block being onboarded; an fp16 block is checked for NaN/Inf as a sealed sink is.
+  virtual absl::Status ImportBlock(const uint8_t* in, bool fp16, uint8_t* block) = 0;
   // Relative L2 error of one tile of a freshly sealed block against its fp16 source, for the
   // sampled quantization-error metric. Negative when unavailable.
   virtual double SampleError(const uint8_t* slot, const uint8_t* block, int layer, int head) = 0;

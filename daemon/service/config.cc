@@ -12,6 +12,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/units.h"
 #include "kernels/preset.h"
@@ -97,6 +99,26 @@ Key Int(const char* help, int DaemonConfig::*field, int lo, int hi) {
             int x;
             if (!absl::SimpleAtoi(v, &x) || x < lo || x > hi) return Bad(v, absl::StrCat("an integer in ", lo, "..", hi));
             c->*field = x;
+            return absl::OkStatus();
+          }};
+}
+
+Key Bytes(const char* help, uint64_t DaemonConfig::*field, uint64_t min) {
+  return {help, [=](const std::string& v, DaemonConfig* c) {
+            auto b = ParseBytes(v);
+            if (!b.ok()) return b.status();
+            if (*b < min) return Bad(v, absl::StrCat("at least ", min, " bytes"));
+            c->*field = *b;
+            return absl::OkStatus();
+          }};
+}
+
+Key OneOf(const char* help, std::string DaemonConfig::*field, std::vector<std::string> allowed) {
+  return {help, [=](const std::string& v, DaemonConfig* c) {
+            if (std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
+              return Bad(v, absl::StrCat("one of ", absl::StrJoin(allowed, ", ")));
+            }
+            c->*field = v;
             return absl::OkStatus();
           }};
 }
@@ -210,6 +232,44 @@ const std::map<std::string, Key>& Keys() {
                       return absl::OkStatus();
                     }}},
       {"log_level", Str("debug, info, warning or error (default info)", &DaemonConfig::log_level)},
+      {"disk_tier_dir", Str("directory of the disk tier below the pool, created 0700 if missing; empty disables (default empty)", &DaemonConfig::disk_tier_dir)},
+      {"disk_tier_bytes", Bytes("bytes the disk tier's records may take; its own LRU evicts beyond (default 8GiB)", &DaemonConfig::disk_tier_bytes, 1u << 20)},
+      {"disk_tier_write", OneOf("when blocks are written to the disk tier: evict (when the pool evicts them) or seal (as soon as sealed) (default evict)", &DaemonConfig::disk_tier_write, {"evict", "seal"})},
+      {"disk_tier_fsync", Bool("true: fdatasync each disk-tier record before it is renamed into place (default false)", &DaemonConfig::disk_tier_fsync)},
+      {"memcached_servers", {"memcached servers of the shared tier, host:port,host:port (consistent hashing); empty disables (default empty)",
+                             [](const std::string& v, DaemonConfig* c) {
+                               c->memcached_servers.clear();
+                               for (absl::string_view part : absl::StrSplit(v, ',', absl::SkipWhitespace())) {
+                                 const std::string server(absl::StripAsciiWhitespace(part));
+                                 const size_t colon = server.rfind(':');
+                                 int port = 0;
+                                 if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(server.substr(colon + 1), &port) ||
+                                     port < 1 || port > 65535) {
+                                   return Bad(server, "host:port");
+                                 }
+                                 c->memcached_servers.push_back(server);
+                               }
+                               return absl::OkStatus();
+                             }}},
+      {"memcached_write", OneOf("when blocks are written to memcached: seal (as soon as sealed, so other nodes find them) or evict (default seal)", &DaemonConfig::memcached_write, {"seal", "evict"})},
+      {"memcached_key_prefix", Str("prefix of the shared tier's keys, before the block's prefix hash (default kvarn1:)", &DaemonConfig::memcached_key_prefix)},
+      {"memcached_chunk_bytes", Bytes("largest value written to memcached; a longer record is split (default 512KiB; memcached's item limit, -I, is 1MiB by default)", &DaemonConfig::memcached_chunk_bytes, 4096)},
+      {"memcached_timeout_ms", {"connect and poll timeout per memcached server, ms; a server slower than this is a miss (default 250)",
+                                [](const std::string& v, DaemonConfig* c) {
+                                  int64_t x;
+                                  if (!absl::SimpleAtoi(v, &x) || x < 1 || x > 60000) return Bad(v, "1..60000 milliseconds");
+                                  c->memcached_timeout = absl::Milliseconds(x);
+                                  return absl::OkStatus();
+                                }}},
+      {"tier_queue_bytes", Bytes("each tier's write-behind queue; blocks beyond it are not written (counted) (default 256MiB)", &DaemonConfig::tier_queue_bytes, 1u << 20)},
+      {"tier_spill_on_stop", Bool("true: on stop, blocks still in the pool go to the tiers that lack them, so the disk tier keeps them across a restart (default true)", &DaemonConfig::tier_spill_on_stop)},
+      {"tier_stop_ms", {"on stop, how long the tiers' queues may take to empty, ms (default 30000)",
+                        [](const std::string& v, DaemonConfig* c) {
+                          int64_t x;
+                          if (!absl::SimpleAtoi(v, &x) || x < 0) return Bad(v, "a non-negative number of milliseconds");
+                          c->tier_stop = absl::Milliseconds(x);
+                          return absl::OkStatus();
+                        }}},
       {"check_config", Bool("true: validate the settings, print how the capacity divides into blocks and tokens, and exit (0 valid, 2 not) without serving", &DaemonConfig::check_config)},
   };
   return *keys;

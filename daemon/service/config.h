@@ -43,6 +43,23 @@ struct DaemonConfig {
   std::string log_level = "info";
   absl::Duration expiry_scan = absl::Milliseconds(50);  // lease check period
   absl::Duration drain = absl::Seconds(20);  // SIGTERM: open sessions are served this long at most
+  // Tiers below the pool (docs/tiers.md). The disk tier: a directory of block records, bounded
+  // by disk_tier_bytes, written when the pool evicts (or seals) a block; its index is rebuilt
+  // at start (a warm restart). memcached: servers shared by nodes, by consistent hashing.
+  std::string disk_tier_dir;                      // "" disables
+  uint64_t disk_tier_bytes = 8ull << 30;
+  std::string disk_tier_write = "evict";          // evict or seal
+  bool disk_tier_fsync = false;
+  std::vector<std::string> memcached_servers;     // host:port, comma-separated in the config
+  std::string memcached_write = "seal";           // seal or evict
+  std::string memcached_key_prefix = "kvarn1:";
+  uint64_t memcached_chunk_bytes = 512u << 10;    // a record is split into values of at most this
+  absl::Duration memcached_timeout = absl::Milliseconds(250);
+  uint64_t tier_queue_bytes = 256ull << 20;       // each tier's write-behind queue
+  // On stop: every block still in the pool goes to the tiers that lack it (so it survives a
+  // restart on the disk tier), waiting at most tier_stop_ms for their queues.
+  bool tier_spill_on_stop = true;
+  absl::Duration tier_stop = absl::Seconds(30);
 };
 
 // The gRPC message limit in bytes: max_message_mb when set, else what the layout needs: a

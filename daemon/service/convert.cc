@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <string>
 
+#include "daemon/core/block_record.h"
+
 namespace kvarn {
 
 grpc::Status ToGrpc(const absl::Status& s) {
@@ -113,6 +115,30 @@ void ToProto(const CoreStats& s, const std::string& preset, v1::StatsResponse* o
     w->set_capacity_scale(kWhatIfScales[i]);
     w->set_hit_tokens(s.whatif_hit_tokens[i]);
   }
+  for (const TierReport& t : s.tiers) {
+    auto* o = out->add_tiers();
+    o->set_name(t.name);
+    o->set_write(t.write);
+    o->set_blocks(t.blocks);
+    o->set_bytes(t.bytes);
+    o->set_capacity_bytes(t.capacity_bytes);
+    o->set_hits(t.hits);
+    o->set_misses(t.misses);
+    o->set_read_bytes(t.read_bytes);
+    o->set_queued_blocks(t.queued_blocks);
+    o->set_queued_bytes(t.queued_bytes);
+    o->set_written_blocks(t.written_blocks);
+    o->set_written_bytes(t.written_bytes);
+    o->set_dropped_writes(t.dropped_writes);
+    o->set_evicted_blocks(t.evicted_blocks);
+    o->set_errors(t.errors);
+    for (int f = 0; f < kRecordFaults; ++f) (*o->mutable_rejected())[RecordFaultName(static_cast<RecordFault>(f))] = t.rejected[f];
+    o->set_onboarded_blocks(t.onboarded_blocks);
+    o->set_hit_tokens(t.hit_tokens);
+    o->set_onboard_failures(t.onboard_failures);
+    o->set_spilled_blocks(t.spilled_blocks);
+    o->set_spill_dropped(t.spill_dropped);
+  }
   for (const SessionStats& i : s.session_info) {
     auto* o = out->add_session_info();
     o->set_session_id(i.id);
@@ -136,7 +162,7 @@ void ToProto(const CoreStats& s, const std::string& preset, v1::StatsResponse* o
   }
 }
 
-void ToProto(const BlockEvent& e, const std::string& tenant, v1::BlockEvent* out) {
+void ToProto(const BlockEvent& e, const std::string& tenant, std::string_view tier, v1::BlockEvent* out) {
   out->set_kind(e.kind == BlockEvent::Kind::kStored ? v1::BlockEvent::KIND_STORED : v1::BlockEvent::KIND_REMOVED);
   out->set_hash(std::string(e.hash.begin(), e.hash.end()));
   if (e.kind == BlockEvent::Kind::kStored) out->set_parent_hash(std::string(e.parent_hash.begin(), e.parent_hash.end()));
@@ -144,6 +170,7 @@ void ToProto(const BlockEvent& e, const std::string& tenant, v1::BlockEvent* out
   out->set_fp16(e.fp16);
   out->set_tenant(tenant);
   out->set_sequence_number(e.seq);
+  out->set_tier(std::string(tier));
 }
 
 }  // namespace kvarn

@@ -21,7 +21,13 @@ SessionRef FromProto(const v1::SessionRef& r);
 void ToProto(const BlockTableView& t, v1::BlockTable* out);
 void ToProto(const PoolView& p, const ModelConfig& model, v1::PoolDescription* out);
 void ToProto(const CoreStats& s, const std::string& preset, v1::StatsResponse* out);
-void ToProto(const BlockEvent& e, const std::string& tenant, v1::BlockEvent* out);
+// An event as a watcher sees it: its tenant's name and its tier's ("pool", "disk", ...).
+struct NamedEvent {
+  BlockEvent event;
+  std::string tenant;
+  std::string_view tier;
+};
+void ToProto(const BlockEvent& e, const std::string& tenant, std::string_view tier, v1::BlockEvent* out);
 
 }  // namespace kvarn
 

@@ -212,6 +212,7 @@ grpc::Status KvService::OpenSession(grpc::ServerContext* ctx, const v1::OpenSess
     resp->set_lease_ttl_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(core_->config().lease_ttl)));
     resp->set_grace_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(core_->config().grace)));
     resp->set_read_tokens_per_call(core_->config().max_read_tokens);
+    resp->set_prefix_namespace(std::string(r->prefix_namespace.begin(), r->prefix_namespace.end()));
     Log(LogLevel::kInfo, "session_open", {{"session", r->session}, {"tenant", p.tenant}, {"client", p.client_name},
                                           {"client_pid", req->client_pid()}, {"tail_slots", r->pool.tail_slots}});
     return grpc::Status::OK;
@@ -341,7 +342,13 @@ grpc::Status KvService::Lookup(grpc::ServerContext*, const v1::LookupRequest* re
   return Timed("Lookup", [&] {
     auto r = core_->Lookup(FromProto(req->session()), Ids(req->prompt_tokens()));
     if (!r.ok()) return ToGrpc(r.status());
-    resp->set_cached_tokens(*r);
+    resp->set_cached_tokens(r->total_tokens());
+    resp->set_pool_tokens(r->pool_tokens);
+    for (const auto& [tier, tokens] : r->tier_tokens) {
+      v1::LookupResponse::TierTokens* t = resp->add_tiers();
+      t->set_tier(tier);
+      t->set_tokens(tokens);
+    }
     return grpc::Status::OK;
   });
 }

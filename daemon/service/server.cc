@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/strip.h"
 #include "common/random.h"
@@ -27,6 +28,8 @@
 #include "daemon/backends/host_memory.h"
 #include "daemon/core/cpu_sealer.h"
 #include "daemon/service/log.h"
+#include "daemon/tiers/disk_tier.h"
+#include "daemon/tiers/memcached_tier.h"
 
 #if KVARN_HAVE_CUDA_BACKEND
 #include "daemon/backends/cuda_backend.h"
@@ -282,6 +285,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const DaemonConfig& config
   if (!config.tenants_file.empty()) {
     if (absl::Status t = s->core_->ConfigureTenants(tenants); !t.ok()) return t;
   }
+  if (absl::Status t = s->OpenTiers(); !t.ok()) return t;
   if (absl::Status b = s->metrics_->Bind(s->core_.get()); !b.ok()) return b;
   auto info = s->registry_.AddCallbackGauge("kvarn_build_info", "Always 1: the kvarnd version, memory backend, preset and model it serves.",
                                             {"version", "backend", "preset", "model_id"});
@@ -428,6 +432,57 @@ void Server::BeginDrain() {
   Log(LogLevel::kInfo, "kvarnd_draining", {{"sessions", static_cast<int64_t>(ClientSessions())}});
 }
 
+absl::Status Server::OpenTiers() {
+  const DaemonConfig& c = config_;
+  if (!c.disk_tier_dir.empty()) {
+    DiskTierOptions o;
+    o.dir = c.disk_tier_dir;
+    o.capacity_bytes = c.disk_tier_bytes;
+    o.queue_bytes = c.tier_queue_bytes;
+    o.write = c.disk_tier_write == "seal" ? TierWrite::kOnSeal : TierWrite::kOnEvict;
+    o.fsync = c.disk_tier_fsync;
+    const absl::Time start = absl::Now();
+    absl::Time last_report = start;
+    auto disk = DiskTier::Open(o, core_->tier_identity(), [&](uint64_t done, uint64_t total) {
+      if (done != total && absl::Now() - last_report < absl::Seconds(2)) return;
+      last_report = absl::Now();
+      Log(LogLevel::kInfo, "disk_tier_scan", {{"files_done", static_cast<int64_t>(done)}, {"files", static_cast<int64_t>(total)}});
+    });
+    if (!disk.ok()) return absl::Status(disk.status().code(), absl::StrCat("disk tier: ", disk.status().message()));
+    const TierStats st = (*disk)->Stats();
+    uint64_t rejected = 0;
+    for (uint64_t r : st.rejected) rejected += r;
+    // A warm start: the prefixes the disk holds are found by Lookup and onboarded by
+    // CreateSequence from now on.
+    Log(LogLevel::kInfo, "disk_tier_open", {{"dir", c.disk_tier_dir}, {"blocks", static_cast<int64_t>(st.blocks)},
+                                            {"bytes", static_cast<int64_t>(st.bytes)}, {"rejected", static_cast<int64_t>(rejected)},
+                                            {"scan_ms", absl::ToInt64Milliseconds(absl::Now() - start)}});
+    tiers_.push_back(std::move(*disk));
+  }
+  if (!c.memcached_servers.empty()) {
+    MemcachedTierOptions o;
+    o.servers = c.memcached_servers;
+    o.key_prefix = c.memcached_key_prefix;
+    o.queue_bytes = c.tier_queue_bytes;
+    o.write = c.memcached_write == "evict" ? TierWrite::kOnEvict : TierWrite::kOnSeal;
+    o.chunk_bytes = static_cast<uint32_t>(std::min<uint64_t>(c.memcached_chunk_bytes, UINT32_MAX));
+    o.timeout = c.memcached_timeout;
+    auto mc = MemcachedTier::Open(o, core_->tier_identity());
+    if (!mc.ok()) return absl::Status(mc.status().code(), absl::StrCat("memcached tier: ", mc.status().message()));
+    Log(LogLevel::kInfo, "memcached_tier_open", {{"servers", absl::StrJoin(c.memcached_servers, ",")}, {"write", c.memcached_write}});
+    tiers_.push_back(std::move(*mc));
+  }
+  if (tiers_.empty()) return absl::OkStatus();
+  if (c.core.tenant_salt_secret.empty()) {
+    Log(LogLevel::kWarning, "tier_without_secret",
+        {{"why", "tenant_salt_secret is empty: tier records carry a MAC anyone can compute; set it (the same on every node)"}});
+  }
+  std::vector<BlockTier*> raw;
+  for (const auto& t : tiers_) raw.push_back(t.get());
+  core_->SetTiers(std::move(raw));
+  return absl::OkStatus();
+}
+
 uint32_t Server::ClientSessions() const {
   if (!core_) return 0;
   auto st = core_->Stats(std::nullopt);
@@ -456,6 +511,18 @@ void Server::Shutdown(absl::Duration deadline) {
   if (housekeeping_.joinable()) housekeeping_.join();
   if (exporter_) exporter_->Stop();
   if (!config_.listen.empty() && lock_) unlink(config_.listen.c_str());
+  if (core_ && !tiers_.empty()) {
+    // The pool goes to the tiers that lack it, so a restart finds it on the disk tier.
+    const absl::Time start = absl::Now();
+    const uint64_t spilled = config_.tier_spill_on_stop ? core_->SpillAll(start + config_.tier_stop) : 0;
+    bool flushed = true;
+    for (const auto& t : tiers_) flushed = t->Flush(start + config_.tier_stop) && flushed;
+    Log(flushed ? LogLevel::kInfo : LogLevel::kWarning, "tiers_flushed",
+        {{"spilled_blocks", static_cast<int64_t>(spilled)}, {"complete", flushed ? "true" : "false"},
+         {"ms", absl::ToInt64Milliseconds(absl::Now() - start)}});
+    // The tiers' threads stop (and their last events reach the core) before the core goes.
+    tiers_.clear();
+  }
   // No handler runs any more and nothing scrapes: release the pool now rather than when
   // gRPC's own teardown finishes.
   core_.reset();

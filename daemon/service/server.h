@@ -57,12 +57,16 @@ class Server {
  private:
   Server();
   void Housekeeping();
+  // Opens the configured tiers and hands them to the core.
+  absl::Status OpenTiers();
 
   DaemonConfig config_;
   std::unique_ptr<InstanceLock> lock_;
   std::unique_ptr<MemoryBackend> backend_;
   metrics::Registry registry_;
   std::unique_ptr<ServiceMetrics> metrics_;
+  // Tiers below the pool, in lookup order: declared before the core, which points at them.
+  std::vector<std::unique_ptr<BlockTier>> tiers_;
   std::unique_ptr<KvCore> core_;
   std::unique_ptr<KvService> service_;
   std::unique_ptr<grpc::Server> grpc_;

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/core/block_record.h"
 
 namespace kvarn {
 namespace {
@@ -74,6 +75,11 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(metrics::
   auto rpc = registry->AddHistogram("kvarn_rpc_duration_seconds", "gRPC handler latency, by method.", *latency, {"method"});
   if (!rpc.ok()) return rpc.status();
   m->rpc_seconds_ = *rpc;
+  auto onboard = registry->AddHistogram("kvarn_tier_onboard_seconds_per_block",
+                                        "Time to bring one block from a tier below the pool into it (fetch, validation, import), by tier.",
+                                        *latency, {"tier"});
+  if (!onboard.ok()) return onboard.status();
+  m->onboard_seconds_ = *onboard;
   auto rpct = registry->AddCounter("kvarn_rpc_requests_total", "gRPC calls handled, by method and status code.", {"method", "code"});
   if (!rpct.ok()) return rpct.status();
   m->rpc_total_ = *rpct;
@@ -214,7 +220,66 @@ absl::Status ServiceMetrics::Bind(const KvCore* core) {
   auto rejected_t = counter("kvarn_tenant_quota_rejections_total", "Requests of a configured tenant refused by one of its quotas.", {"tenant", "resource"});
   if (!rejected_t.ok()) return rejected_t.status();
   tenant_rejected_ = *rejected_t;
+  if (absl::Status t = BindTiers(probe); !t.ok()) return t;
   BindTenants();
+  return absl::OkStatus();
+}
+
+absl::Status ServiceMetrics::BindTiers(const CoreStats& probe) {
+  if (probe.tiers.empty()) return absl::OkStatus();
+  struct Field {
+    const char* name;
+    const char* help;
+    bool counter;
+    uint64_t TierReport::*field;
+  };
+  static constexpr Field kFields[] = {
+      {"kvarn_tier_blocks", "Block records a tier below the pool holds (memcached: written by this node, not known evicted).", false, &TierReport::blocks},
+      {"kvarn_tier_bytes", "Bytes of the records a tier holds, headers included.", false, &TierReport::bytes},
+      {"kvarn_tier_capacity_bytes", "A tier's bound in bytes (0: bounded by the servers themselves).", false, &TierReport::capacity_bytes},
+      {"kvarn_tier_write_queue_blocks", "Blocks waiting in a tier's write-behind queue.", false, &TierReport::queued_blocks},
+      {"kvarn_tier_write_queue_bytes", "Bytes waiting in a tier's write-behind queue.", false, &TierReport::queued_bytes},
+      {"kvarn_tier_written_blocks_total", "Block records a tier wrote.", true, &TierReport::written_blocks},
+      {"kvarn_tier_written_bytes_total", "Bytes a tier wrote.", true, &TierReport::written_bytes},
+      {"kvarn_tier_read_bytes_total", "Bytes of valid records a tier read.", true, &TierReport::read_bytes},
+      {"kvarn_tier_dropped_writes_total", "Blocks a tier did not write: its queue was full or the write failed.", true, &TierReport::dropped_writes},
+      {"kvarn_tier_evicted_blocks_total", "Records a tier removed to stay within its bound.", true, &TierReport::evicted_blocks},
+      {"kvarn_tier_errors_total", "I/O errors and server failures of a tier (each one a miss or a dropped write).", true, &TierReport::errors},
+      {"kvarn_tier_onboarded_blocks_total", "Blocks brought into the pool from a tier.", true, &TierReport::onboarded_blocks},
+      {"kvarn_tier_hit_tokens_total", "Prompt tokens served by blocks onboarded from a tier (a part of kvarn_prefix_hit_tokens_total).", true, &TierReport::hit_tokens},
+      {"kvarn_tier_onboard_failures_total", "Onboards that failed after a tier's hit (a record out of place in its chain, an import error, no free block).", true, &TierReport::onboard_failures},
+      {"kvarn_tier_spilled_blocks_total", "Blocks the pool handed a tier (on seal or eviction).", true, &TierReport::spilled_blocks},
+      {"kvarn_tier_spill_dropped_total", "Blocks the pool could not hand a tier (its queue full, or past the spill budget of one call).", true, &TierReport::spill_dropped},
+  };
+  const auto tier_value = [this](size_t t, uint64_t TierReport::*const field) {
+    const CoreStats s = Snapshot();
+    return t < s.tiers.size() ? static_cast<double>(s.tiers[t].*field) : 0.0;
+  };
+  for (const Field& f : kFields) {
+    auto family = f.counter ? registry_->AddCallbackCounter(f.name, f.help, {"tier"})
+                            : registry_->AddCallbackGauge(f.name, f.help, {"tier"});
+    if (!family.ok()) return family.status();
+    for (size_t t = 0; t < probe.tiers.size(); ++t) {
+      uint64_t TierReport::*const field = f.field;
+      (*family)->SetCallback({probe.tiers[t].name}, [tier_value, t, field] { return tier_value(t, field); }).IgnoreError();
+    }
+  }
+  auto lookups = registry_->AddCallbackCounter("kvarn_tier_lookups_total", "Block reads of a tier, by result: hit (a valid record) or miss (none, or rejected).", {"tier", "result"});
+  if (!lookups.ok()) return lookups.status();
+  auto rejected = registry_->AddCallbackCounter("kvarn_tier_rejected_blocks_total", "Records a tier refused and deleted, by reason: truncated, corrupt (bad header or MAC), foreign (another pool's), wrong_key.", {"tier", "reason"});
+  if (!rejected.ok()) return rejected.status();
+  for (size_t t = 0; t < probe.tiers.size(); ++t) {
+    const std::string& name = probe.tiers[t].name;
+    (*lookups)->SetCallback({name, "hit"}, [tier_value, t] { return tier_value(t, &TierReport::hits); }).IgnoreError();
+    (*lookups)->SetCallback({name, "miss"}, [tier_value, t] { return tier_value(t, &TierReport::misses); }).IgnoreError();
+    for (int f = 0; f < kRecordFaults; ++f) {
+      (*rejected)->SetCallback({name, RecordFaultName(static_cast<RecordFault>(f))}, [this, t, f] {
+        const CoreStats s = Snapshot();
+        return t < s.tiers.size() ? static_cast<double>(s.tiers[t].rejected[f]) : 0.0;
+      }).IgnoreError();
+    }
+    onboard_seconds_->WithLabels({name});
+  }
   return absl::OkStatus();
 }
 
@@ -290,6 +355,11 @@ void ServiceMetrics::OnSeal(bool fp16, absl::Duration latency) {
 
 void ServiceMetrics::OnEvict(EvictReason reason, uint32_t blocks) {
   evictions_->WithLabels({ReasonName(reason)}).Increment(blocks);
+}
+
+void ServiceMetrics::OnOnboard(std::string_view tier, uint32_t blocks, absl::Duration per_block) {
+  auto& h = onboard_seconds_->WithLabels({absl::string_view(tier.data(), tier.size())});
+  for (uint32_t i = 0; i < blocks; ++i) h.Observe(absl::ToDoubleSeconds(per_block));
 }
 
 void ServiceMetrics::OnQuantError(std::string_view method, double relative_l2) {

@@ -32,6 +32,7 @@ class ServiceMetrics final : public CoreObserver, public RpcObserver {
   void OnSeal(bool fp16, absl::Duration latency) override;
   void OnEvict(EvictReason reason, uint32_t blocks) override;
   void OnQuantError(std::string_view method, double relative_l2) override;
+  void OnOnboard(std::string_view tier, uint32_t blocks, absl::Duration per_block) override;
   void OnRpc(std::string_view method, grpc::StatusCode code, absl::Duration latency) override;
 
  private:
@@ -40,6 +41,8 @@ class ServiceMetrics final : public CoreObserver, public RpcObserver {
   CoreStats Snapshot() const ABSL_LOCKS_EXCLUDED(mu_);
   // The configured tenants' reports, at most 100 ms old; nullopt for a tenant not configured.
   std::optional<TenantReport> TenantSnapshot(const std::string& tenant) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The tiers' series (a fixed set: the tiers are configured at start).
+  absl::Status BindTiers(const CoreStats& probe);
 
   metrics::Registry* registry_;
   const KvCore* core_ = nullptr;
@@ -47,6 +50,7 @@ class ServiceMetrics final : public CoreObserver, public RpcObserver {
   metrics::CounterFamily* evictions_ = nullptr;
   metrics::HistogramFamily* quant_error_ = nullptr;
   metrics::HistogramFamily* rpc_seconds_ = nullptr;
+  metrics::HistogramFamily* onboard_seconds_ = nullptr;
   metrics::CounterFamily* rpc_total_ = nullptr;
   metrics::CallbackFamily* tenant_usage_ = nullptr;
   metrics::CallbackFamily* tenant_quota_ = nullptr;

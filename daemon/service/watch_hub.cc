@@ -45,13 +45,13 @@ class WatchHub::Stream final : public grpc::ServerWriteReactor<v1::BlockEvent> {
   }
 
   // Queues the events this stream may see (newer than its start) and writes if idle.
-  void Push(const std::vector<std::pair<BlockEvent, std::string>>& events) {
+  void Push(const std::vector<NamedEvent>& events) {
     v1::BlockEvent* write = nullptr;
     std::optional<grpc::Status> finish;
     {
       MutexLock lock(&mu_);
       if (finished_) return;
-      for (const auto& [e, tenant] : events) {
+      for (const auto& [e, tenant, tier] : events) {
         if (e.seq <= after_ || (!grant_.all_tenants && e.tenant != grant_.tenant)) continue;
         if (queue_.size() >= kMaxQueued) {
           queue_.clear();
@@ -59,7 +59,7 @@ class WatchHub::Stream final : public grpc::ServerWriteReactor<v1::BlockEvent> {
           break;
         }
         v1::BlockEvent out;
-        ToProto(e, tenant, &out);
+        ToProto(e, tenant, tier, &out);
         queue_.push_back(std::move(out));
       }
       if (!writing_) NextLocked(&write, &finish);
@@ -194,11 +194,12 @@ void WatchHub::Loop(uint64_t cursor) {
   for (;;) {
     bool lost = false;
     const std::vector<BlockEvent> events = core_->events().Read(cursor, 1024, poll_, &lost);
-    std::vector<std::pair<BlockEvent, std::string>> named;
+    std::vector<NamedEvent> named;
     named.reserve(events.size());
     for (const BlockEvent& e : events) {
       cursor = e.seq;
-      named.emplace_back(e, core_->TenantName(e.tenant));
+      named.push_back(NamedEvent{e, e.tenant == kNoTenant ? std::string() : core_->TenantName(e.tenant),
+                                 e.tier == 0 ? std::string_view("pool") : core_->tier_name(e.tier - 1u)});
     }
     const uint64_t ended = core_->sessions_ended();
     std::vector<Stream*> snapshot;

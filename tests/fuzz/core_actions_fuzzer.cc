@@ -346,7 +346,7 @@ class Harness {
         const std::vector<uint32_t> prompt = Prompt(in);
         auto l = core_->Lookup(ref, prompt);
         ExpectForgedRefused(l.status(), Forged(ref, s->ref), "Lookup");
-        if (l.ok()) Expect(*l % kTile == 0, "lookup returned a partial tile");
+        if (l.ok()) Expect(l->total_tokens() % kTile == 0, "lookup returned a partial tile");
         const SequenceId q = PickSequence(in);
         const uint32_t count = in.ConsumeIntegralInRange<uint32_t>(0, 200);
         const uint64_t start = in.ConsumeIntegralInRange<uint64_t>(0, 300);

@@ -99,7 +99,7 @@ TEST_F(CoreTest, SecondSequenceAdoptsTheCachedPrefix) {
   auto ta = core_->Table(s, a->sequence);
   EXPECT_EQ(b->table.sink_block, ta->sink_block);
   EXPECT_EQ(b->table.quant_blocks, std::vector<uint32_t>(ta->quant_blocks.begin(), ta->quant_blocks.begin() + 2));
-  EXPECT_EQ(core_->Lookup(s, prompt).value(), 3u * 64);
+  EXPECT_EQ(core_->Lookup(s, prompt).value().total_tokens(), 3u * 64);
   // A prompt of exactly three tiles adopts two: the worker must compute the last token.
   auto c = core_->CreateSequence(s, Tokens(1000, 3 * 64));
   EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);  // two slots in use
@@ -110,7 +110,7 @@ TEST_F(CoreTest, SecondSequenceAdoptsTheCachedPrefix) {
   // A different token in the second tile stops the match after the sink.
   std::vector<uint32_t> other = prompt;
   other[70] = 7;
-  EXPECT_EQ(core_->Lookup(s, other).value(), 64u);
+  EXPECT_EQ(core_->Lookup(s, other).value().total_tokens(), 64u);
   auto st = core_->Stats(std::nullopt);
   EXPECT_EQ(st->prefix_hit_tokens, 3u * 64 + 2u * 64);
 }
@@ -122,8 +122,8 @@ TEST_F(CoreTest, TenantsDoNotShareOrSeeEachOthersBlocks) {
   const std::vector<uint32_t> prompt = Tokens(5, 2 * 64 + 1);
   auto qa = core_->CreateSequence(a, prompt);
   AppendAll(a, qa->sequence, prompt, 0);
-  EXPECT_EQ(core_->Lookup(a, prompt).value(), 128u);
-  EXPECT_EQ(core_->Lookup(b, prompt).value(), 0u);
+  EXPECT_EQ(core_->Lookup(a, prompt).value().total_tokens(), 128u);
+  EXPECT_EQ(core_->Lookup(b, prompt).value().total_tokens(), 0u);
   // Bob cannot address Alice's sequence in any way.
   EXPECT_EQ(core_->Release(b, std::vector<SequenceId>{qa->sequence}).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(core_->Fork(b, qa->sequence).status().code(), absl::StatusCode::kNotFound);
@@ -145,7 +145,7 @@ TEST_F(CoreTest, SharedAcrossTenantsWhenConfigured) {
   const std::vector<uint32_t> prompt = Tokens(5, 2 * 64 + 1);
   auto qa = core_->CreateSequence(a, prompt);
   AppendAll(a, qa->sequence, prompt, 0);
-  EXPECT_EQ(core_->Lookup(b, prompt).value(), 128u);
+  EXPECT_EQ(core_->Lookup(b, prompt).value().total_tokens(), 128u);
 }
 
 TEST_F(CoreTest, RejectedAppendsChangeNothing) {
@@ -252,8 +252,8 @@ TEST_F(CoreTest, EvictsLeastRecentlyUsedLeafFirst) {
   EXPECT_EQ(removed[0], ta.quant_blocks[1]);
   EXPECT_EQ(removed[1], ta.quant_blocks[0]);
   // Chain B is intact.
-  EXPECT_EQ(core_->Lookup(s, pb).value(), 3u * 64);
-  EXPECT_EQ(core_->Lookup(s, pa).value(), 64u);
+  EXPECT_EQ(core_->Lookup(s, pb).value().total_tokens(), 3u * 64);
+  EXPECT_EQ(core_->Lookup(s, pa).value().total_tokens(), 64u);
   (void)tb;
 }
 
@@ -474,7 +474,7 @@ TEST_F(CoreTest, SinkPressureEvictsCachedChainsLeavesFirst) {
   }
   // The six oldest chains went (quantized block first, then its sink), the six newest stayed.
   for (uint32_t i = 0; i < 12; ++i) {
-    EXPECT_EQ(core_->Lookup(s, Tokens(10000 * i, 2 * 64 + 1)).value(), i < 6 ? 0u : 128u) << i;
+    EXPECT_EQ(core_->Lookup(s, Tokens(10000 * i, 2 * 64 + 1)).value().total_tokens(), i < 6 ? 0u : 128u) << i;
   }
   auto st = core_->Stats(std::nullopt);
   EXPECT_EQ(st->evictions[static_cast<int>(EvictReason::kAllocation)], 12u);

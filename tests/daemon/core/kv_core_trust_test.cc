@@ -170,8 +170,8 @@ TEST_F(TenantsTest, PrefixesAreSharedOnlyWithinAGroup) {
   const std::vector<uint32_t> prompt = Tokens(3, 2 * 64 + 1);
   auto q = core_->CreateSequence(a, prompt);
   AppendAll(a, q->sequence, prompt, 0);
-  EXPECT_EQ(core_->Lookup(b, prompt).value(), 128u);
-  EXPECT_EQ(core_->Lookup(c, prompt).value(), 0u);
+  EXPECT_EQ(core_->Lookup(b, prompt).value().total_tokens(), 128u);
+  EXPECT_EQ(core_->Lookup(c, prompt).value().total_tokens(), 0u);
 }
 
 TEST_F(TenantsTest, ReloadEndsSessionsOfRevokedTenantsOnly) {
