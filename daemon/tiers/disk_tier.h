@@ -14,7 +14,7 @@
 // another name as wrong_key). Leftover .tmp files are deleted uncounted. Folders the tier did
 // not make are left alone. Good files enter the LRU oldest mtime first; a scan that finds more
 // than capacity_bytes evicts the oldest. A hit sets the file's mtime, so the order a restart
-// rebuilds is that of the last writes and reads.
+// rebuilds is that of the last writes and reads (not of re-Puts: Put does no I/O).
 //
 // Bytes: TierStats::bytes (the indexed files) plus the one file being written never exceed
 // capacity_bytes; a record's file is deleted before the write that evicted it begins.
@@ -22,7 +22,8 @@
 // Listener: called only from the writer thread, never under the tier's lock: stored = true
 // once a file is in place (with Put's tenant cookie), stored = false when the LRU evicts a
 // file or Get finds one bad (cookie 0 for files found at Open). Not called for what Open
-// finds: the daemon reads Index() instead.
+// finds: the daemon reads Index() instead. It must not wait for this tier's Flush (the
+// writer is the thread Flush waits for).
 //
 // Thread safety: every method may be called concurrently. The destructor writes what is
 // queued, then stops the writer; no other call may run concurrently with it.
