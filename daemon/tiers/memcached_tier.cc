@@ -68,7 +68,8 @@ Chunks SplitRecord(std::string_view record, uint32_t chunk_bytes) {
   PutU64(c.frame + 8, record.size());
   const size_t first = FirstPieceBytes(record.size(), chunk_bytes);
   c.pieces.push_back(record.substr(0, first));
-  for (size_t at = first; at < record.size(); at += chunk_bytes) c.pieces.push_back(record.substr(at, chunk_bytes));
+  for (size_t at = first; at < record.size(); at += chunk_bytes)
+    c.pieces.push_back(record.substr(at, chunk_bytes));
   return c;
 }
 
@@ -84,17 +85,21 @@ bool ParseServer(std::string_view s, std::string* host, in_port_t* port) {
   if (colon == std::string_view::npos || colon == 0) return false;
   uint32_t p = 0;
   const std::string_view digits = s.substr(colon + 1);
-  if (!absl::SimpleAtoi(absl::string_view(digits.data(), digits.size()), &p) || p == 0 || p > 65535) return false;
+  if (!absl::SimpleAtoi(absl::string_view(digits.data(), digits.size()), &p) || p == 0 || p > 65535)
+    return false;
   *host = std::string(s.substr(0, colon));
   *port = static_cast<in_port_t>(p);
   return true;
 }
 
-uint64_t WholeSeconds(absl::Duration d) { return static_cast<uint64_t>(std::max<int64_t>(1, absl::ToInt64Seconds(d))); }
+uint64_t WholeSeconds(absl::Duration d) {
+  return static_cast<uint64_t>(std::max<int64_t>(1, absl::ToInt64Seconds(d)));
+}
 
 // One libmemcached handle with the tier's distribution, timeouts and failure handling.
 absl::Status Configure(memcached_st* m, const MemcachedTierOptions& o) {
-  const uint64_t timeout_ms = static_cast<uint64_t>(std::max<int64_t>(1, absl::ToInt64Milliseconds(o.timeout)));
+  const uint64_t timeout_ms =
+      static_cast<uint64_t>(std::max<int64_t>(1, absl::ToInt64Milliseconds(o.timeout)));
   const struct {
     memcached_behavior_t behavior;
     uint64_t value;
@@ -119,7 +124,8 @@ absl::Status Configure(memcached_st* m, const MemcachedTierOptions& o) {
   for (const auto& s : settings) {
     const memcached_return_t rc = memcached_behavior_set(m, s.behavior, s.value);
     if (rc != MEMCACHED_SUCCESS) {
-      return absl::InternalError(absl::StrCat("memcached_behavior_set(", s.behavior, "): ", memcached_strerror(m, rc)));
+      return absl::InternalError(
+          absl::StrCat("memcached_behavior_set(", s.behavior, "): ", memcached_strerror(m, rc)));
     }
   }
   for (const std::string& server : o.servers) {
@@ -128,7 +134,8 @@ absl::Status Configure(memcached_st* m, const MemcachedTierOptions& o) {
     ParseServer(server, &host, &port);  // checked by Open
     const memcached_return_t rc = memcached_server_add_with_weight(m, host.c_str(), port, 1);
     if (rc != MEMCACHED_SUCCESS) {
-      return absl::InvalidArgumentError(absl::StrCat("memcached server ", server, ": ", memcached_strerror(m, rc)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("memcached server ", server, ": ", memcached_strerror(m, rc)));
     }
   }
   return absl::OkStatus();
@@ -189,39 +196,47 @@ class MemcachedTier::ReadLease {
   Handle handle_;
 };
 
-absl::StatusOr<std::unique_ptr<MemcachedTier>> MemcachedTier::Open(const MemcachedTierOptions& options,
-                                                                   const TierIdentity& identity) {
+absl::StatusOr<std::unique_ptr<MemcachedTier>> MemcachedTier::Open(
+    const MemcachedTierOptions& options, const TierIdentity& identity) {
   if (options.servers.empty()) return absl::InvalidArgumentError("memcached tier: no servers");
   for (const std::string& server : options.servers) {
     std::string host;
     in_port_t port = 0;
     if (!ParseServer(server, &host, &port)) {
-      return absl::InvalidArgumentError(absl::StrCat("memcached tier: server '", server, "' is not host:port"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("memcached tier: server '", server, "' is not host:port"));
     }
   }
   if (options.key_prefix.size() + 64 + kMaxSuffixBytes > kMaxKeyBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("memcached tier: key prefix of ", options.key_prefix.size(),
+    return absl::InvalidArgumentError(absl::StrCat("memcached tier: key prefix of ",
+                                                   options.key_prefix.size(),
                                                    " bytes makes keys longer than ", kMaxKeyBytes));
   }
   for (const char ch : options.key_prefix) {
     if (ch <= ' ' || ch == 0x7f) {
-      return absl::InvalidArgumentError("memcached tier: key prefix holds a space or control character");
+      return absl::InvalidArgumentError(
+          "memcached tier: key prefix holds a space or control character");
     }
   }
   if (options.chunk_bytes < 1024) {
-    return absl::InvalidArgumentError(absl::StrCat("memcached tier: chunk_bytes ", options.chunk_bytes, " < 1024"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("memcached tier: chunk_bytes ", options.chunk_bytes, " < 1024"));
   }
   const uint64_t max_record = MaxRecordBytes(identity);
   if (ChunkCount(max_record, options.chunk_bytes) > kMaxChunks) {
-    return absl::InvalidArgumentError(absl::StrCat("memcached tier: ", max_record, "-byte records need more than ",
-                                                   kMaxChunks, " chunks of ", options.chunk_bytes, " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat("memcached tier: ", max_record,
+                                                   "-byte records need more than ", kMaxChunks,
+                                                   " chunks of ", options.chunk_bytes, " bytes"));
   }
   if (options.expire_seconds > kMaxRelativeExpire) {
-    return absl::InvalidArgumentError(absl::StrCat("memcached tier: expire_seconds ", options.expire_seconds,
-                                                   " > 30 days, which memcached reads as a Unix time"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("memcached tier: expire_seconds ", options.expire_seconds,
+                     " > 30 days, which memcached reads as a Unix time"));
   }
-  if (options.read_handles == 0) return absl::InvalidArgumentError("memcached tier: read_handles is 0");
-  if (options.timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("memcached tier: timeout <= 0");
+  if (options.read_handles == 0)
+    return absl::InvalidArgumentError("memcached tier: read_handles is 0");
+  if (options.timeout <= absl::ZeroDuration())
+    return absl::InvalidArgumentError("memcached tier: timeout <= 0");
 
   auto make_handle = [&]() -> absl::StatusOr<Handle> {
     Handle h(memcached_create(nullptr));
@@ -241,11 +256,12 @@ absl::StatusOr<std::unique_ptr<MemcachedTier>> MemcachedTier::Open(const Memcach
       new MemcachedTier(options, identity, std::move(*writer), std::move(readers)));
 }
 
-MemcachedTier::MemcachedTier(const MemcachedTierOptions& options, const TierIdentity& identity, Handle writer,
-                             std::vector<Handle> readers)
+MemcachedTier::MemcachedTier(const MemcachedTierOptions& options, const TierIdentity& identity,
+                             Handle writer, std::vector<Handle> readers)
     : options_(options),
       identity_(identity),
-      expected_chunks_(static_cast<uint32_t>(ChunkCount(MaxRecordBytes(identity), options.chunk_bytes))),
+      expected_chunks_(
+          static_cast<uint32_t>(ChunkCount(MaxRecordBytes(identity), options.chunk_bytes))),
       max_record_bytes_(MaxRecordBytes(identity)),
       writer_handle_(std::move(writer)) {
   {
@@ -264,7 +280,8 @@ MemcachedTier::~MemcachedTier() {
   writer_.join();
 }
 
-bool MemcachedTier::Put(const BlockHash& hash, std::shared_ptr<const std::string> record, uint32_t tenant) {
+bool MemcachedTier::Put(const BlockHash& hash, std::shared_ptr<const std::string> record,
+                        uint32_t tenant) {
   MutexLock lock(&mu_);
   // A record larger than this pool's records cannot pass CheckRecord on any reader.
   if (record == nullptr || stopping_ || record->size() > max_record_bytes_ ||
@@ -310,7 +327,8 @@ void MemcachedTier::WriterLoop() {
       MutexLock lock(&mu_);
       while (queue_.empty() && events_.empty() && !stopping_) work_cv_.Wait(&mu_);
       if (stopping_ && queue_.empty() && events_.empty()) return;
-      if (stopping_ && give_up == absl::InfiniteFuture()) give_up = absl::Now() + options_.close_timeout;
+      if (stopping_ && give_up == absl::InfiniteFuture())
+        give_up = absl::Now() + options_.close_timeout;
       if (stopping_ && absl::Now() >= give_up) {
         stats_.dropped_writes += queue_.size();
         queue_.clear();
@@ -361,8 +379,9 @@ bool MemcachedTier::WriteRecord(memcached_st* m, const Write& w) {
     const std::string chunk_key = MemcachedChunkKey(key, static_cast<uint32_t>(i));
     const std::string first = i == 0 ? FirstValue(chunks) : std::string();
     const std::string_view value = i == 0 ? std::string_view(first) : chunks.pieces[i];
-    const memcached_return_t rc = memcached_set_by_key(m, key.data(), key.size(), chunk_key.data(), chunk_key.size(),
-                                                       value.data(), value.size(), options_.expire_seconds, 0);
+    const memcached_return_t rc =
+        memcached_set_by_key(m, key.data(), key.size(), chunk_key.data(), chunk_key.size(),
+                             value.data(), value.size(), options_.expire_seconds, 0);
     if (rc != MEMCACHED_SUCCESS) return false;  // the main key is not written: no partial record
   }
   return true;
@@ -371,8 +390,8 @@ bool MemcachedTier::WriteRecord(memcached_st* m, const Write& w) {
 bool MemcachedTier::Contains(const BlockHash& hash) {
   const std::string key = MemcachedKey(options_.key_prefix, hash);
   ReadLease handle(this);
-  const memcached_return_t rc =
-      memcached_touch_by_key(handle.get(), key.data(), key.size(), key.data(), key.size(), options_.expire_seconds);
+  const memcached_return_t rc = memcached_touch_by_key(
+      handle.get(), key.data(), key.size(), key.data(), key.size(), options_.expire_seconds);
   if (rc == MEMCACHED_SUCCESS) return true;
   if (!Answered(rc)) {
     MutexLock lock(&mu_);
@@ -381,7 +400,8 @@ bool MemcachedTier::Contains(const BlockHash& hash) {
   return false;
 }
 
-bool MemcachedTier::FetchChunks(memcached_st* m, const std::string& group, const std::vector<std::string>& keys,
+bool MemcachedTier::FetchChunks(memcached_st* m, const std::string& group,
+                                const std::vector<std::string>& keys,
                                 std::vector<std::string>& values, std::vector<bool>& found) {
   std::vector<const char*> key_ptrs;
   std::vector<size_t> key_lens;
@@ -391,14 +411,15 @@ bool MemcachedTier::FetchChunks(memcached_st* m, const std::string& group, const
   }
   values.assign(keys.size(), std::string());
   found.assign(keys.size(), false);
-  memcached_return_t rc =
-      memcached_mget_by_key(m, group.data(), group.size(), key_ptrs.data(), key_lens.data(), keys.size());
+  memcached_return_t rc = memcached_mget_by_key(m, group.data(), group.size(), key_ptrs.data(),
+                                                key_lens.data(), keys.size());
   if (rc != MEMCACHED_SUCCESS) return false;
   memcached_result_st result;
   memcached_result_create(m, &result);
   // Read to the end whatever comes: an unread reply would be taken for the next one's.
   while (memcached_fetch_result(m, &result, &rc) != nullptr) {
-    const std::string_view got(memcached_result_key_value(&result), memcached_result_key_length(&result));
+    const std::string_view got(memcached_result_key_value(&result),
+                               memcached_result_key_length(&result));
     for (size_t i = 0; i < keys.size(); ++i) {
       if (!found[i] && keys[i] == got) {
         values[i].assign(memcached_result_value(&result), memcached_result_length(&result));
@@ -411,15 +432,16 @@ bool MemcachedTier::FetchChunks(memcached_st* m, const std::string& group, const
   return Answered(rc);
 }
 
-void MemcachedTier::Reject(const BlockHash& hash, const std::string& key, uint32_t chunks, RecordFault fault) {
+void MemcachedTier::Reject(const BlockHash& hash, const std::string& key, uint32_t chunks,
+                           RecordFault fault) {
   bool failed = false;
   {
     ReadLease handle(this);
     // The main key first: once it is gone, no reader assembles the rest.
     for (uint32_t i = 0; i < chunks; ++i) {
       const std::string chunk_key = MemcachedChunkKey(key, i);
-      const memcached_return_t rc =
-          memcached_delete_by_key(handle.get(), key.data(), key.size(), chunk_key.data(), chunk_key.size(), 0);
+      const memcached_return_t rc = memcached_delete_by_key(handle.get(), key.data(), key.size(),
+                                                            chunk_key.data(), chunk_key.size(), 0);
       failed |= !Answered(rc);
     }
   }
@@ -452,7 +474,8 @@ MemcachedTier::Fetched MemcachedTier::FetchRecord(memcached_st* m, const std::st
   f.outcome = Fetched::kBad;
   f.fault = RecordFault::kCorrupt;
   f.chunks = expected_chunks_;
-  if (head.size() < kFrameBytes || std::memcmp(head.data(), kFrameMagic, sizeof(kFrameMagic)) != 0) return f;
+  if (head.size() < kFrameBytes || std::memcmp(head.data(), kFrameMagic, sizeof(kFrameMagic)) != 0)
+    return f;
   const uint32_t chunks = GetU32(head.data() + 4);
   const uint64_t total = GetU64(head.data() + 8);
   if (chunks == 0 || chunks > kMaxChunks || total > max_record_bytes_) return f;
@@ -460,14 +483,16 @@ MemcachedTier::Fetched MemcachedTier::FetchRecord(memcached_st* m, const std::st
   if (chunks > keys.size()) {
     // Written with a smaller chunk_bytes than ours: the rest in a second round trip.
     std::vector<std::string> more_keys;
-    for (uint32_t i = static_cast<uint32_t>(keys.size()); i < chunks; ++i) more_keys.push_back(MemcachedChunkKey(key, i));
+    for (uint32_t i = static_cast<uint32_t>(keys.size()); i < chunks; ++i)
+      more_keys.push_back(MemcachedChunkKey(key, i));
     std::vector<std::string> more_values;
     std::vector<bool> more_found;
     if (!FetchChunks(m, key, more_keys, more_values, more_found)) {
       f.outcome = Fetched::kServerFailed;
       return f;
     }
-    values.insert(values.end(), std::make_move_iterator(more_values.begin()), std::make_move_iterator(more_values.end()));
+    values.insert(values.end(), std::make_move_iterator(more_values.begin()),
+                  std::make_move_iterator(more_values.end()));
     found.insert(found.end(), more_found.begin(), more_found.end());
   }
   f.record.reserve(total);
@@ -509,16 +534,18 @@ absl::StatusOr<std::string> MemcachedTier::Get(const BlockHash& hash) {
     }
     case Fetched::kBad:
       Reject(hash, key, f.chunks, f.fault);
-      return absl::NotFoundError(
-          absl::StrCat("not in the memcached tier (a ", RecordFaultName(f.fault), " value, deleted)"));
+      return absl::NotFoundError(absl::StrCat("not in the memcached tier (a ",
+                                              RecordFaultName(f.fault), " value, deleted)"));
     case Fetched::kAssembled:
       break;
   }
   // The MAC is checked with no handle held.
   RecordFault fault = RecordFault::kCorrupt;
-  if (absl::StatusOr<RecordMeta> meta = CheckRecord(identity_, f.record, &hash, &fault); !meta.ok()) {
+  if (absl::StatusOr<RecordMeta> meta = CheckRecord(identity_, f.record, &hash, &fault);
+      !meta.ok()) {
     Reject(hash, key, f.chunks, fault);
-    return absl::NotFoundError(absl::StrCat("not in the memcached tier (", meta.status().message(), "; deleted)"));
+    return absl::NotFoundError(
+        absl::StrCat("not in the memcached tier (", meta.status().message(), "; deleted)"));
   }
   MutexLock lock(&mu_);
   ++stats_.hits;

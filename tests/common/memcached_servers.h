@@ -43,20 +43,22 @@ namespace kvarn::testing {
 
 struct MemcachedServerOptions {
   int count = 3;
-  uint32_t memory_mb = 64;     // -m
-  std::string item_max;        // -I (e.g. "2m"); empty: memcached's 1 MiB
-  int threads = 2;             // -t
+  uint32_t memory_mb = 64;                        // -m
+  std::string item_max;                           // -I (e.g. "2m"); empty: memcached's 1 MiB
+  int threads = 2;                                // -t
   std::chrono::milliseconds ready_timeout{5000};  // per server, start to answering "version"
 };
 
 class MemcachedServers {
  public:
-  static absl::StatusOr<std::unique_ptr<MemcachedServers>> Start(const MemcachedServerOptions& options = {}) {
+  static absl::StatusOr<std::unique_ptr<MemcachedServers>> Start(
+      const MemcachedServerOptions& options = {}) {
     std::unique_ptr<MemcachedServers> s(new MemcachedServers(options));
     s->binary_ = FindBinary();
     if (s->binary_.empty()) {
       return absl::FailedPreconditionError(
-          "memcached is not installed (no $KVARN_MEMCACHED, no memcached on $PATH, no /usr/bin/memcached): "
+          "memcached is not installed (no $KVARN_MEMCACHED, no memcached on $PATH, no "
+          "/usr/bin/memcached): "
           "apt-get install memcached");
     }
     s->servers_.resize(options.count);
@@ -153,15 +155,26 @@ class MemcachedServers {
       port = ntohs(addr.sin_port);
     }
     ::close(fd);
-    if (port <= 0) return absl::InternalError(std::string("no free loopback port: ") + std::strerror(errno));
+    if (port <= 0)
+      return absl::InternalError(std::string("no free loopback port: ") + std::strerror(errno));
     return port;
   }
 
   std::vector<std::string> Args(int i) const {
-    std::vector<std::string> args = {binary_, "-l", "127.0.0.1", "-p", std::to_string(servers_[i].port), "-U", "0",
-                                     "-m", std::to_string(options_.memory_mb), "-t", std::to_string(options_.threads)};
+    std::vector<std::string> args = {binary_,
+                                     "-l",
+                                     "127.0.0.1",
+                                     "-p",
+                                     std::to_string(servers_[i].port),
+                                     "-U",
+                                     "0",
+                                     "-m",
+                                     std::to_string(options_.memory_mb),
+                                     "-t",
+                                     std::to_string(options_.threads)};
     if (!options_.item_max.empty()) args.insert(args.end(), {"-I", options_.item_max});
-    if (::geteuid() == 0) args.insert(args.end(), {"-u", "root"});  // memcached refuses root without -u
+    if (::geteuid() == 0)
+      args.insert(args.end(), {"-u", "root"});  // memcached refuses root without -u
     return args;
   }
   std::string CommandLine(int i) const {
@@ -207,14 +220,16 @@ class MemcachedServers {
       int status = 0;
       if (::waitpid(s.pid, &status, WNOHANG) == s.pid) {
         s.pid = -1;
-        return absl::UnavailableError("memcached on port " + std::to_string(s.port) + " exited at start (status " +
-                                      std::to_string(status) + ": port taken, or a bad option; run " + CommandLine(i) +
+        return absl::UnavailableError("memcached on port " + std::to_string(s.port) +
+                                      " exited at start (status " + std::to_string(status) +
+                                      ": port taken, or a bad option; run " + CommandLine(i) +
                                       " by hand to see its message)");
       }
       if (AnswersVersion(s.port, deadline)) return absl::OkStatus();
       if (std::chrono::steady_clock::now() >= deadline) {
         Kill(i);
-        return absl::DeadlineExceededError("memcached on port " + std::to_string(s.port) + " did not answer");
+        return absl::DeadlineExceededError("memcached on port " + std::to_string(s.port) +
+                                           " did not answer");
       }
       // Not listening yet: retry with a growing backoff bounded by the deadline.
       std::this_thread::sleep_for(backoff);
@@ -232,11 +247,13 @@ class MemcachedServers {
     bool ok = false;
     if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
       static constexpr char kVersion[] = "version\r\n";
-      if (::send(fd, kVersion, sizeof(kVersion) - 1, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(kVersion) - 1)) {
+      if (::send(fd, kVersion, sizeof(kVersion) - 1, MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(sizeof(kVersion) - 1)) {
         std::string reply;
         char buf[128];
         while (reply.find("\r\n") == std::string::npos) {
-          const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+          const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+              deadline - std::chrono::steady_clock::now());
           pollfd p{fd, POLLIN, 0};
           if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
           const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);

@@ -18,8 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/time/clock.h"
 #include "common/mutex.h"
-#include "daemon/core/block_record.h"
-#include "daemon/core/prefix_hash.h"
+#include "daemon/core/block_record.h"  // BlockHash, ChainHash (prefix_hash.h) with it
 #include "gtest/gtest.h"
 #include "tests/common/memcached_servers.h"
 
@@ -39,7 +38,8 @@ ModelConfig Model(const std::string& id = "test-model") {
   return m;
 }
 
-TierIdentity Identity(const std::string& secret = "secret", const std::string& model = "test-model") {
+TierIdentity Identity(const std::string& secret = "secret",
+                      const std::string& model = "test-model") {
   return MakeTierIdentity(Model(model), 128, kQuantBytes, kSinkBytes, secret);
 }
 
@@ -48,7 +48,8 @@ BlockHash HashOf(uint32_t i) {
   return ChainHash(kRootHash, BlockHash{}, tokens);
 }
 
-std::string MakeRecord(const TierIdentity& id, const BlockHash& hash, BlockClass cls, uint32_t seed) {
+std::string MakeRecord(const TierIdentity& id, const BlockHash& hash, BlockClass cls,
+                       uint32_t seed) {
   std::string record = NewRecord(id, cls);
   std::mt19937 rng(seed);
   for (size_t i = kRecordHeaderBytes; i < record.size(); ++i) record[i] = static_cast<char>(rng());
@@ -56,7 +57,9 @@ std::string MakeRecord(const TierIdentity& id, const BlockHash& hash, BlockClass
   return record;
 }
 
-std::shared_ptr<const std::string> Shared(std::string s) { return std::make_shared<const std::string>(std::move(s)); }
+std::shared_ptr<const std::string> Shared(std::string s) {
+  return std::make_shared<const std::string>(std::move(s));
+}
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
 
@@ -73,8 +76,9 @@ class MemcachedTierTest : public ::testing::Test {
     servers_ = std::move(*servers);
     for (int i = 0; i < servers_->size(); ++i) {
       Handle h(memcached_create(nullptr));
-      ASSERT_EQ(memcached_server_add(h.get(), "127.0.0.1", static_cast<in_port_t>(servers_->port(i))),
-                MEMCACHED_SUCCESS);
+      ASSERT_EQ(
+          memcached_server_add(h.get(), "127.0.0.1", static_cast<in_port_t>(servers_->port(i))),
+          MEMCACHED_SUCCESS);
       direct_.push_back(std::move(h));
     }
   }
@@ -84,7 +88,8 @@ class MemcachedTierTest : public ::testing::Test {
     o.servers = servers_->addresses();
     return o;
   }
-  std::unique_ptr<MemcachedTier> Open(const MemcachedTierOptions& o, const TierIdentity& id = Identity()) {
+  std::unique_ptr<MemcachedTier> Open(const MemcachedTierOptions& o,
+                                      const TierIdentity& id = Identity()) {
     absl::StatusOr<std::unique_ptr<MemcachedTier>> tier = MemcachedTier::Open(o, id);
     EXPECT_TRUE(tier.ok()) << tier.status();
     return tier.ok() ? std::move(*tier) : nullptr;
@@ -109,11 +114,13 @@ class MemcachedTierTest : public ::testing::Test {
     return out;
   }
   void SetValue(int server, const std::string& key, const std::string& value) {
-    ASSERT_EQ(memcached_set(direct_[server].get(), key.data(), key.size(), value.data(), value.size(), 0, 0),
+    ASSERT_EQ(memcached_set(direct_[server].get(), key.data(), key.size(), value.data(),
+                            value.size(), 0, 0),
               MEMCACHED_SUCCESS);
   }
   void Delete(int server, const std::string& key) {
-    ASSERT_EQ(memcached_delete(direct_[server].get(), key.data(), key.size(), 0), MEMCACHED_SUCCESS);
+    ASSERT_EQ(memcached_delete(direct_[server].get(), key.data(), key.size(), 0),
+              MEMCACHED_SUCCESS);
   }
   // The server holding `key`; -1 if none, -2 if several.
   int Owner(const std::string& key) {
@@ -205,7 +212,8 @@ TEST_F(MemcachedTierTest, SpreadsRecordsOverAllServers) {
   auto tier = Open(Options());
   ASSERT_NE(tier, nullptr);
   const TierIdentity id = Identity();
-  for (uint32_t i = 0; i < 60; ++i) ASSERT_TRUE(tier->Put(HashOf(i), Shared(MakeRecord(id, HashOf(i), BlockClass::kSink, i)), 1));
+  for (uint32_t i = 0; i < 60; ++i)
+    ASSERT_TRUE(tier->Put(HashOf(i), Shared(MakeRecord(id, HashOf(i), BlockClass::kSink, i)), 1));
   ASSERT_TRUE(tier->Flush(Soon()));
   std::map<int, int> per_server;
   for (uint32_t i = 0; i < 60; ++i) ++per_server[Owner(MemcachedKey("kvarn1:", HashOf(i)))];
@@ -302,10 +310,12 @@ TEST_F(MemcachedTierTest, RejectsBadValuesByFaultAndDeletesThem) {
   struct Case {
     const char* name;
     RecordFault fault;
-    std::function<std::vector<std::string>(const std::string& good, const BlockHash& h)> values;  // empty: custom
+    std::function<std::vector<std::string>(const std::string& good, const BlockHash& h)>
+        values;  // empty: custom
   };
   const std::vector<Case> cases = {
-      {"garbage", RecordFault::kCorrupt, [](const std::string&, const BlockHash&) { return std::vector<std::string>{"hello"}; }},
+      {"garbage", RecordFault::kCorrupt,
+       [](const std::string&, const BlockHash&) { return std::vector<std::string>{"hello"}; }},
       {"flipped byte", RecordFault::kCorrupt,
        [&](const std::string& good, const BlockHash&) {
          std::string bad = good;
@@ -326,11 +336,13 @@ TEST_F(MemcachedTierTest, RejectsBadValuesByFaultAndDeletesThem) {
        }},
       {"foreign identity", RecordFault::kForeign,
        [&](const std::string&, const BlockHash& h) {
-         return MemcachedValues(MakeRecord(Identity("secret", "other-model"), h, BlockClass::kSink, 9), chunk);
+         return MemcachedValues(
+             MakeRecord(Identity("secret", "other-model"), h, BlockClass::kSink, 9), chunk);
        }},
       {"another secret", RecordFault::kCorrupt,
        [&](const std::string&, const BlockHash& h) {
-         return MemcachedValues(MakeRecord(Identity("another secret"), h, BlockClass::kSink, 9), chunk);
+         return MemcachedValues(MakeRecord(Identity("another secret"), h, BlockClass::kSink, 9),
+                                chunk);
        }},
       {"another key's record", RecordFault::kWrongKey,
        [&](const std::string&, const BlockHash&) {
@@ -347,7 +359,8 @@ TEST_F(MemcachedTierTest, RejectsBadValuesByFaultAndDeletesThem) {
     ASSERT_GE(owner, 0);
     const std::string key = MemcachedKey("kvarn1:", h);
     const std::vector<std::string> values = c.values(good, h);
-    for (uint32_t i = 0; i < values.size(); ++i) SetValue(owner, MemcachedChunkKey(key, i), values[i]);
+    for (uint32_t i = 0; i < values.size(); ++i)
+      SetValue(owner, MemcachedChunkKey(key, i), values[i]);
     EXPECT_EQ(tier->Get(h).status().code(), absl::StatusCode::kNotFound);
     ++expected[static_cast<int>(c.fault)];
     EXPECT_EQ(tier->Stats().rejected, expected);
@@ -416,7 +429,8 @@ TEST_F(MemcachedTierTest, QueueBoundDropsWhatDoesNotFit) {
   EXPECT_TRUE(tier->Get(HashOf(1)).ok());
   EXPECT_EQ(tier->Get(HashOf(2)).status().code(), absl::StatusCode::kNotFound);
   // Never larger than this pool's records, nor null.
-  EXPECT_FALSE(tier->Put(HashOf(3), Shared(std::string(kRecordHeaderBytes + kQuantBytes + 1, 'x')), 1));
+  EXPECT_FALSE(
+      tier->Put(HashOf(3), Shared(std::string(kRecordHeaderBytes + kQuantBytes + 1, 'x')), 1));
   EXPECT_FALSE(tier->Put(HashOf(3), nullptr, 1));
   EXPECT_EQ(tier->Stats().dropped_writes, 3u);
 }
@@ -432,8 +446,10 @@ TEST_F(MemcachedTierTest, FlushWaitsUntilEveryRecordIsWrittenAndTold) {
   });
   const TierIdentity id = Identity();
   for (uint32_t i = 0; i < 20; ++i) {
-    ASSERT_TRUE(tier->Put(HashOf(i), Shared(MakeRecord(id, HashOf(i), i % 2 ? BlockClass::kQuant : BlockClass::kSink, i)),
-                          i % 2 + 1));
+    ASSERT_TRUE(tier->Put(
+        HashOf(i),
+        Shared(MakeRecord(id, HashOf(i), i % 2 ? BlockClass::kQuant : BlockClass::kSink, i)),
+        i % 2 + 1));
   }
   ASSERT_TRUE(tier->Flush(Soon()));
   const TierStats s = tier->Stats();
@@ -480,7 +496,8 @@ TEST_F(MemcachedTierTest, DestructorFinishesTheQueueWithinItsBound) {
   ASSERT_NE(tier, nullptr);
   const TierIdentity id = Identity();
   for (int s = 0; s < 3; ++s) servers_->Pause(s);
-  for (uint32_t i = 0; i < 20; ++i) ASSERT_TRUE(tier->Put(HashOf(i), Shared(MakeRecord(id, HashOf(i), BlockClass::kSink, i)), 1));
+  for (uint32_t i = 0; i < 20; ++i)
+    ASSERT_TRUE(tier->Put(HashOf(i), Shared(MakeRecord(id, HashOf(i), BlockClass::kSink, i)), 1));
   const absl::Time start = absl::Now();
   tier.reset();
   // close_timeout plus one record's waits (250 ms each), with room for a slow machine.
@@ -496,7 +513,9 @@ TEST_F(MemcachedTierTest, ConcurrentGetsContainsAndPutsStayConsistent) {
   const TierIdentity id = Identity();
   constexpr uint32_t kKeys = 16;
   std::vector<std::shared_ptr<const std::string>> records;
-  for (uint32_t i = 0; i < kKeys; ++i) records.push_back(Shared(MakeRecord(id, HashOf(i), i % 4 ? BlockClass::kSink : BlockClass::kQuant, i)));
+  for (uint32_t i = 0; i < kKeys; ++i)
+    records.push_back(
+        Shared(MakeRecord(id, HashOf(i), i % 4 ? BlockClass::kSink : BlockClass::kQuant, i)));
   std::atomic<int> bad{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
@@ -510,7 +529,8 @@ TEST_F(MemcachedTierTest, ConcurrentGetsContainsAndPutsStayConsistent) {
             break;
           case 1: {
             absl::StatusOr<std::string> got = tier->Get(HashOf(k));
-            if (got.ok() ? *got != *records[k] : got.status().code() != absl::StatusCode::kNotFound) ++bad;
+            if (got.ok() ? *got != *records[k] : got.status().code() != absl::StatusCode::kNotFound)
+              ++bad;
             break;
           }
           default:
@@ -537,7 +557,8 @@ TEST_F(MemcachedTierTest, ConcurrentGetsContainsAndPutsStayConsistent) {
 TEST(MemcachedTierOpenTest, RejectsMalformedOptions) {
   const TierIdentity id = Identity();
   MemcachedTierOptions o;
-  EXPECT_EQ(MemcachedTier::Open(o, id).status().code(), absl::StatusCode::kInvalidArgument);  // no servers
+  EXPECT_EQ(MemcachedTier::Open(o, id).status().code(),
+            absl::StatusCode::kInvalidArgument);  // no servers
   o.servers = {"127.0.0.1"};
   EXPECT_EQ(MemcachedTier::Open(o, id).status().code(), absl::StatusCode::kInvalidArgument);
   o.servers = {"127.0.0.1:99999"};
