@@ -618,6 +618,11 @@ TEST_F(DiskTierTest, OpenErrorsNameThePath) {
   ASSERT_FALSE(t.ok());
   EXPECT_NE(t.status().message().find(o.dir), absl::string_view::npos) << t.status();
 
+  o.dir = dir_.path() + "/file";  // there, but not a directory
+  t = DiskTier::Open(o, id_);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find(o.dir), absl::string_view::npos) << t.status();
+
   o = Options();
   o.capacity_bytes = 0;
   EXPECT_TRUE(absl::IsInvalidArgument(DiskTier::Open(o, id_).status()));
