@@ -1,6 +1,6 @@
-#include "daemon/core/prefix_hash.h"
+#include "common/prefix_hash.h"
 
-#include "daemon/core/sha256.h"
+#include "common/sha256.h"
 
 namespace kvarn {
 

@@ -1,7 +1,7 @@
 // SHA-256 through OpenSSL's EVP interface, with the little-endian framing the prefix hash
 // (docs/prefix_hash.md) and the tier records (daemon/core/block_record.h) use.
-#ifndef KVARN_DAEMON_CORE_SHA256_H_
-#define KVARN_DAEMON_CORE_SHA256_H_
+#ifndef KVARN_COMMON_SHA256_H_
+#define KVARN_COMMON_SHA256_H_
 
 #include <openssl/evp.h>
 
@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "daemon/core/prefix_hash.h"
+#include "common/prefix_hash.h"
 
 namespace kvarn {
 
@@ -50,4 +50,4 @@ class Sha256 {
 
 }  // namespace kvarn
 
-#endif  // KVARN_DAEMON_CORE_SHA256_H_
+#endif  // KVARN_COMMON_SHA256_H_

@@ -129,7 +129,7 @@ Layout Client::LayoutOf(const v1::DescribeResponse& d) {
 
 Session::Session(Client* client, const v1::OpenSessionResponse& open, const Preset& preset)
     : client_(client), id_(open.session_id()), epoch_(open.pool().epoch()), secret_(open.session_secret()),
-      pool_(open.pool()), read_tokens_per_call_(open.read_tokens_per_call()), preset_(preset),
+      pool_(open.pool()), prefix_namespace_(open.prefix_namespace()), read_tokens_per_call_(open.read_tokens_per_call()), preset_(preset),
       keepalive_interval_(absl::Milliseconds(open.keepalive_interval_ms())) {
   layout_.num_layers = static_cast<int>(pool_.layout().num_layers());
   layout_.num_kv_heads = static_cast<int>(pool_.layout().num_kv_heads());
@@ -333,13 +333,19 @@ absl::StatusOr<SequenceInfo> Session::CreateSequence(std::span<const uint32_t> p
 }
 
 absl::StatusOr<uint64_t> Session::Lookup(std::span<const uint32_t> prompt) {
+  auto r = LookupTiers(prompt);
+  if (!r.ok()) return r.status();
+  return r->cached_tokens();
+}
+
+absl::StatusOr<v1::LookupResponse> Session::LookupTiers(std::span<const uint32_t> prompt) {
   v1::LookupRequest req;
   *req.mutable_session() = Ref();
   SetIds(prompt, req.mutable_prompt_tokens());
   v1::LookupResponse resp;
   grpc::ClientContext ctx;
   if (absl::Status s = Check(client_->stub().Lookup(Prepare(&ctx), req, &resp)); !s.ok()) return s;
-  return resp.cached_tokens();
+  return resp;
 }
 
 absl::Status Session::Stage(uint64_t seq, int n, const void* keys, const void* values, DType dtype) {

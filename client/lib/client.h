@@ -165,6 +165,11 @@ class Session {
 
   absl::StatusOr<SequenceInfo> CreateSequence(std::span<const uint32_t> prompt);
   absl::StatusOr<uint64_t> Lookup(std::span<const uint32_t> prompt);
+  // Lookup's whole reply: the prefix by tier (the pool's, then each tier's continuation).
+  absl::StatusOr<v1::LookupResponse> LookupTiers(std::span<const uint32_t> prompt);
+  // The session's prefix-hash namespace (common/prefix_hash.h): a prompt's block hashes are
+  // ChainHash over it, as Watch events name them. Empty from a daemon that does not say.
+  const std::string& prefix_namespace() const { return prefix_namespace_; }
 
   // Writes n tokens' K/V, original frame, laid out [n][num_layers][num_kv_heads][head_dim]
   // (fp16 bits or fp32), rotated into the storage frame, into the sequence's tail slot after
@@ -282,6 +287,7 @@ class Session {
   uint64_t epoch_;
   std::string secret_;
   v1::PoolDescription pool_;
+  std::string prefix_namespace_;
   uint32_t read_tokens_per_call_ = 0;
   Preset preset_;
   BlockLayout layout_;

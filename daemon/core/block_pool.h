@@ -27,7 +27,7 @@
 #include "absl/status/status.h"
 #include "daemon/core/block_ref.h"
 #include "daemon/core/eviction_policy.h"
-#include "daemon/core/prefix_hash.h"
+#include "common/prefix_hash.h"
 #include "daemon/core/prefix_index.h"
 #include "daemon/core/quota.h"
 

@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/core/check.h"
-#include "daemon/core/sha256.h"
+#include "common/sha256.h"
 
 namespace kvarn {
 namespace {

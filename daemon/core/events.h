@@ -9,7 +9,7 @@
 
 #include "common/mutex.h"
 #include "absl/time/time.h"
-#include "daemon/core/prefix_hash.h"
+#include "common/prefix_hash.h"
 
 namespace kvarn {
 

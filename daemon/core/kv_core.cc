@@ -491,18 +491,14 @@ absl::StatusOr<CreateResult> KvCore::CreateSequence(const SessionRef& ref, std::
   // Blocks of the prefix the tiers continue, held for this call (hashes[0, pins.size())).
   std::vector<BlockRef> pins = OnboardPrefix(ref, hashed->hashes);
   Locked lock(this);
-  const auto unpin = [&] {
-    for (const BlockRef& b : pins) pools_.Release(b, ++tick_);
-    pins.clear();
-  };
   auto s = sessions_.Find(ref);
   if (!s.ok()) {
-    unpin();
+    Unpin(pins);
     return s.status();
   }
   SessionState& session = **s;
   if (session.free_slots.empty()) {
-    unpin();
+    Unpin(pins);
     return absl::ResourceExhaustedError(session.slots == 0
         ? std::string("an observer session has no tail slots: open one with max_sequences")
         : absl::StrCat("all ", session.slots, " tail slots of this session are in use; release a sequence"));
@@ -511,7 +507,7 @@ absl::StatusOr<CreateResult> KvCore::CreateSequence(const SessionRef& ref, std::
   if (const BlockHash& ns = tenants_.get(session.tenant).ns; ns != hashed->ns) {
     // A tenants reload moved the tenant to another namespace while the prompt was hashed.
     rehashed = PrefixHashes(ns, prompt);
-    unpin();
+    Unpin(pins);
   }
   const std::vector<BlockHash>& hashes = rehashed.empty() ? hashed->hashes : rehashed;
   sessions_.Renew(session, clock_->Now());

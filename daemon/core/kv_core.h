@@ -224,6 +224,8 @@ class KvCore {
   // full pool ends the prefix there; it never fails the call.
   std::vector<BlockRef> OnboardPrefix(const SessionRef& ref, const std::vector<BlockHash>& hashes)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Releases the blocks OnboardPrefix held (the call that wanted them failed).
+  void Unpin(std::vector<BlockRef>& pins) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues block b for the tiers that lack it, before b is evicted (under the lock: the
   // export copies its bytes; sealing and writing wait for the lock's release).
   void SpillBeforeEvict(BlockRef b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

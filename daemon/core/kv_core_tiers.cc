@@ -197,7 +197,7 @@ std::vector<BlockRef> KvCore::OnboardPrefix(const SessionRef& ref, const std::ve
           const std::optional<BlockRef> hit = pools_.Find(hashes[i]);
           if (!hit.has_value() || hit->cls != ClassAt(i)) {
             // The pool's prefix shrank meanwhile: give up onboarding rather than chase it.
-            for (const BlockRef& b : pins) pools_.Release(b, ++tick_);
+            Unpin(pins);
             return {};
           }
           pools_.Acquire(*hit, ++tick_);
@@ -294,11 +294,16 @@ std::vector<BlockRef> KvCore::OnboardPrefix(const SessionRef& ref, const std::ve
     // The tiers added nothing: the caller adopts the pool's prefix itself.
     if (!pins.empty()) {
       Locked lock(this);
-      for (const BlockRef& b : pins) pools_.Release(b, ++tick_);
+      Unpin(pins);
     }
     return {};
   }
   return pins;
+}
+
+void KvCore::Unpin(std::vector<BlockRef>& pins) {
+  for (const BlockRef& b : pins) pools_.Release(b, ++tick_);
+  pins.clear();
 }
 
 uint64_t KvCore::SpillAll(absl::Time deadline) {

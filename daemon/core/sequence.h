@@ -9,7 +9,7 @@
 
 #include "daemon/core/block_ref.h"
 #include "daemon/core/core_types.h"
-#include "daemon/core/prefix_hash.h"
+#include "common/prefix_hash.h"
 
 namespace kvarn {
 

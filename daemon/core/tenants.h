@@ -25,7 +25,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "daemon/core/prefix_hash.h"
+#include "common/prefix_hash.h"
 #include "daemon/core/quota.h"
 
 namespace kvarn {

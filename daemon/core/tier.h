@@ -24,7 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "daemon/core/block_record.h"
-#include "daemon/core/prefix_hash.h"
+#include "common/prefix_hash.h"
 
 namespace kvarn {
 

@@ -26,7 +26,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "daemon/core/block_ref.h"
-#include "daemon/core/prefix_hash.h"
+#include "common/prefix_hash.h"
 
 namespace kvarn {
 

@@ -1,5 +1,5 @@
 // The vectors of docs/prefix_hash.md, computed independently with Python's hashlib.
-#include "daemon/core/prefix_hash.h"
+#include "common/prefix_hash.h"
 
 #include <gtest/gtest.h>
 
