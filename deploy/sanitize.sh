@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:?usage: deploy/sanitize.sh asan|tsan}
 jobs=${KVARN_JOBS:-$(nproc)}
-dirs="daemon/core;daemon/service;daemon/metrics;client/lib;integration"
+dirs="daemon/core;daemon/tiers;daemon/service;daemon/metrics;client/lib;integration"
 case "$mode" in
   asan)
     build=${KVARN_ASAN_BUILD_DIR:-build-asan}

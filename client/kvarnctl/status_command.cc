@@ -85,10 +85,60 @@ std::string StatusJson(const std::string& target, const v1::DescribeResponse& d,
     j.EndObject();
   }
   j.EndArray();
+  j.Key("tiers").BeginArray();
+  for (const auto& t : st.tiers()) {
+    j.BeginObject();
+    j.Field("name", t.name());
+    j.Field("write", t.write());
+    j.Field("blocks", t.blocks());
+    j.Field("bytes", t.bytes());
+    j.Field("capacity_bytes", t.capacity_bytes());
+    j.Field("hits", t.hits());
+    j.Field("misses", t.misses());
+    const double r = Ratio(t.hits(), t.hits() + t.misses());
+    if (r >= 0) {
+      j.Field("hit_ratio", r);
+    } else {
+      j.Key("hit_ratio").Null();
+    }
+    j.Field("onboarded_blocks", t.onboarded_blocks());
+    j.Field("hit_tokens", t.hit_tokens());
+    j.Field("queued_blocks", t.queued_blocks());
+    j.Field("dropped_writes", t.dropped_writes());
+    j.Field("errors", t.errors());
+    uint64_t rejected = 0;
+    for (const auto& [reason, n] : t.rejected()) rejected += n;
+    j.Field("rejected_blocks", rejected);
+    j.EndObject();
+  }
+  j.EndArray();
   j.Field("sessions", st.sessions());
   j.Field("sequences", st.sequences());
   j.EndObject();
   return j.str();
+}
+
+// The tiers below the pool, one row each (docs/tiers.md).
+void TierTable(const v1::StatsResponse& st, std::ostream& o) {
+  if (st.tiers_size() == 0) {
+    o << "tiers         none (no disk_tier_dir or memcached_servers configured)\n";
+    return;
+  }
+  o << "tiers         below the pool, in lookup order:\n";
+  o << "  " << std::left << std::setw(11) << "tier" << std::setw(7) << "write" << std::right << std::setw(10) << "blocks"
+    << std::setw(12) << "bytes" << std::setw(12) << "bound" << std::setw(11) << "hit ratio" << std::setw(11)
+    << "onboarded" << std::setw(8) << "queued" << std::setw(9) << "dropped" << std::setw(9) << "rejected" << std::setw(8)
+    << "errors" << "\n";
+  for (const auto& t : st.tiers()) {
+    uint64_t rejected = 0;
+    for (const auto& [reason, n] : t.rejected()) rejected += n;
+    o << "  " << std::left << std::setw(11) << t.name() << std::setw(7) << t.write() << std::right << std::setw(10)
+      << t.blocks() << std::setw(12) << HumanBytes(static_cast<double>(t.bytes())) << std::setw(12)
+      << (t.capacity_bytes() > 0 ? HumanBytes(static_cast<double>(t.capacity_bytes())) : std::string("servers'"))
+      << std::setw(11) << Pct(Ratio(t.hits(), t.hits() + t.misses())) << std::setw(11) << t.onboarded_blocks()
+      << std::setw(8) << t.queued_blocks() << std::setw(9) << t.dropped_writes() << std::setw(9) << rejected
+      << std::setw(8) << t.errors() << "\n";
+  }
 }
 
 void PoolTable(const v1::StatsResponse& st, std::ostream& o, std::ostream& warnings) {
@@ -158,6 +208,7 @@ std::string StatusText(const std::string& target, const v1::DescribeResponse& d,
         << Pct(Ratio(w.hit_tokens(), queried)) << "\n";
     }
   }
+  TierTable(st, o);
   o << "activity      " << st.seals() << " tiles sealed, " << st.evictions() << " blocks evicted\n";
   o << "sessions      " << st.sessions() << " open, " << st.sequences() << " sequences\n";
   if (st.session_info_size() > 0) {
@@ -187,7 +238,9 @@ int RunStatus(std::span<const std::string> args, const CommandIo& io) {
                            "and state, in blocks, bytes, tokens and shares of the pool that add up to 100%;\n"
                            "whether it is draining; the prefix cache's hit ratio and, when kvarnd reports them,\n"
                            "what-if rows (the hit ratio a pool scaled by capacity_scale would have had:\n"
-                           "hit_tokens / prefix_queried_tokens); sessions. Other tenants' sessions show with the\n"
+                           "hit_tokens / prefix_queried_tokens); the tiers below the pool (disk, memcached:\n"
+                           "blocks, bytes, hit ratio, onboarded blocks, write-behind queue, rejected records);\n"
+                           "sessions. Other tenants' sessions show with the\n"
                            "admin token.");
       rc >= 0) {
     return rc;

@@ -59,6 +59,8 @@ absl::StatusOr<std::unique_ptr<ServiceMetrics>> ServiceMetrics::Create(metrics::
                                      *latency, {"kind"});
   if (!seal.ok()) return seal.status();
   m->seal_seconds_ = *seal;
+  // Both kinds exported from the start: a node whose sinks all come from a tier may never seal one.
+  for (const char* kind : {"quant", "sink"}) m->seal_seconds_->WithLabels({kind});
   auto ev = registry->AddCounter("kvarn_evictions_total", "Cached blocks evicted, by reason.", {"reason"});
   if (!ev.ok()) return ev.status();
   m->evictions_ = *ev;

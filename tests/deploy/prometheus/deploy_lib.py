@@ -4,7 +4,8 @@ panels and variables, and the names the shipped rules file defines. Standard lib
 import json
 import re
 
-# Every metric kvarnd exports (docs/daemon.md, "Metrics"), by exposition name. Histograms are
+# Every metric kvarnd exports (docs/daemon.md, "Metrics"; the kvarn_tier_* ones when a tier is
+# configured, docs/tiers.md), by exposition name. Histograms are
 # listed by base name; their series are NAME_bucket, NAME_sum and NAME_count.
 COUNTERS_AND_GAUGES = [
     "kvarn_build_info",
@@ -28,12 +29,31 @@ COUNTERS_AND_GAUGES = [
     "kvarn_tenant_quota",
     "kvarn_tenant_quota_rejections_total",
     "kvarn_tenant_usage",
+    "kvarn_tier_blocks",
+    "kvarn_tier_bytes",
+    "kvarn_tier_capacity_bytes",
+    "kvarn_tier_dropped_writes_total",
+    "kvarn_tier_errors_total",
+    "kvarn_tier_evicted_blocks_total",
+    "kvarn_tier_hit_tokens_total",
+    "kvarn_tier_lookups_total",
+    "kvarn_tier_onboard_failures_total",
+    "kvarn_tier_onboarded_blocks_total",
+    "kvarn_tier_read_bytes_total",
+    "kvarn_tier_rejected_blocks_total",
+    "kvarn_tier_spill_dropped_total",
+    "kvarn_tier_spilled_blocks_total",
+    "kvarn_tier_write_queue_blocks",
+    "kvarn_tier_write_queue_bytes",
+    "kvarn_tier_written_blocks_total",
+    "kvarn_tier_written_bytes_total",
     "kvarn_whatif_prefix_hit_tokens_total",
 ]
 HISTOGRAMS = [
     "kvarn_rpc_duration_seconds",
     "kvarn_sampled_quantization_error_ratio",
     "kvarn_seal_duration_seconds",
+    "kvarn_tier_onboard_seconds_per_block",
 ]
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 

@@ -3,9 +3,11 @@
 kvarnd daemons.
 
 It starts two kvarnd (Unix sockets in a temporary directory, metrics on ephemeral ports, one
-tenants file with a tenant "demo" and a tenant "capped" whose session quota is 0), drives
-them with `kvarnctl demo` (plus a client SIGKILLed mid-demo on each, so sessions expire, and
-`kvarnctl status` as "capped", so quotas refuse), and starts Debian's Prometheus with the
+tenants file with a tenant "demo" and a tenant "capped" whose session quota is 0, a disk tier
+each and one real memcached shared by both), drives them with `kvarnctl demo` (plus a client
+SIGKILLed mid-demo on each, so sessions expire; `kvarnctl status` as "capped", so quotas
+refuse; `kvarnctl evict` of the demo tenant after each demo, so the next one onboards from
+the tiers), and starts Debian's Prometheus with the
 shipped prometheus.yml and kvarnd-rules.yml, copied with only the targets (the two daemons,
 labelled with a namespace and a pod each) and the intervals (1 s) rewritten. Then, each
 condition polled until it holds or the deadline passes:
@@ -20,7 +22,7 @@ condition polled until it holds or the deadline passes:
     daemon, and its legends are distinct (no two series of a panel render the same legend);
   - the killed clients' sessions expired and the capped tenant's refusals were counted.
 
-Usage: live_test.py --kvarnd BIN --kvarnctl BIN --source-dir REPO [--prometheus BIN]
+Usage: live_test.py --kvarnd BIN --kvarnctl BIN --source-dir REPO [--prometheus BIN] [--memcached BIN]
                     [--rules FILE] [--dashboard FILE] [--config FILE] [--deadline S] [--keep]
 """
 
@@ -60,7 +62,13 @@ EXPECTED_LABELS = {
     "kvarn_seal_duration_seconds_count": ("kind", {"quant", "sink"}),
     "kvarn_evictions_total": ("reason", {"allocation", "watermark", "request", "quota"}),
     "kvarn_seals_total": ("kind", {"quant", "sink", "dedup"}),
+    "kvarn_tier_blocks": ("tier", {"disk", "memcached"}),
+    "kvarn_tier_lookups_total": ("result", {"hit", "miss"}),
+    "kvarn_tier_rejected_blocks_total": ("reason", {"truncated", "corrupt", "foreign", "wrong_key"}),
 }
+# Shared by both daemons: it salts the prefix hashes and keys the tier records' MAC, so a
+# block one daemon wrote to memcached is the other's too.
+SALT_SECRET = "live-test-salt"
 EXPECTED_POOL_STATES = {
     "quant": {"free", "active", "cached", "sealing"},
     "sink": {"free", "active", "cached", "sealing"},
@@ -133,8 +141,30 @@ def scrape_value(text, name):
     return float(m.group(1)) if m else None
 
 
+class Memcached:
+    """A real memcached on loopback: the shared tier of both daemons."""
+
+    def __init__(self, binary, tmp):
+        self.port = free_port()
+        self.log_file = open(os.path.join(tmp, "memcached.log"), "w")
+        args = [binary, "-l", "127.0.0.1", "-p", str(self.port), "-U", "0", "-m", "64"]
+        if os.geteuid() == 0:
+            args += ["-u", "root"]
+        self.proc = spawn(args, self.log_file, self.log_file)
+        self.address = f"127.0.0.1:{self.port}"
+
+    def wait_started(self, deadline):
+        def answers():
+            if self.proc.poll() is not None:
+                raise ValueError(f"memcached exited ({self.proc.returncode})")
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as c:
+                c.sendall(b"version\r\n")
+                return c.recv(64).startswith(b"VERSION"), "version"
+        return wait_for("memcached start", deadline, answers, 0.05)
+
+
 class Daemon:
-    def __init__(self, kvarnd, tmp, name, tenants_file):
+    def __init__(self, kvarnd, tmp, name, tenants_file, memcached):
         self.name = name
         self.sock = os.path.join(tmp, f"{name}.sock")
         self.log_path = os.path.join(tmp, f"{name}.log")
@@ -144,6 +174,8 @@ class Daemon:
             "--model_id=live-model", "--num_layers=2", "--num_kv_heads=2", "--head_dim=64",
             "--preset=kvarn_k4v2_g64", "--sink_tokens=64", "--capacity=16MiB", "--default_tail_slots=8",
             "--grace_ms=100", f"--tenants_file={tenants_file}", "--log_level=info",
+            f"--disk_tier_dir={os.path.join(tmp, name + '-disk')}", "--disk_tier_bytes=64MiB",
+            f"--memcached_servers={memcached}", f"--tenant_salt_secret={SALT_SECRET}",
         ], self.log_file, self.log_file)
         self.metrics_port = None
 
@@ -238,6 +270,13 @@ class Traffic(threading.Thread):
                     stdout=self.out, stderr=self.out, timeout=60, preexec_fn=die_with_parent)
                 if demo.returncode != 0:
                     self.errors.append(f"demo on {d.name} exited {demo.returncode}")
+                # The demo tenant gives up its cached blocks: they go to the disk tier, and the
+                # next demo's shared prompts are onboarded from it (the tier panels' traffic).
+                evict = subprocess.run([self.kvarnctl, "evict", f"--target=unix:{d.sock}", "--tenant=demo",
+                                        f"--tenant-token-file={self.demo_token}"],
+                                       stdout=self.out, stderr=self.out, timeout=30, preexec_fn=die_with_parent)
+                if evict.returncode != 0:
+                    self.errors.append(f"evict on {d.name} exited {evict.returncode}")
                 subprocess.run([self.kvarnctl, "status", f"--target=unix:{d.sock}", "--tenant=capped",
                                 f"--tenant-token-file={self.capped_token}"],
                                stdout=self.out, stderr=self.out, timeout=30, preexec_fn=die_with_parent)
@@ -375,6 +414,7 @@ def main():
     ap.add_argument("--kvarnctl", required=True)
     ap.add_argument("--source-dir", required=True)
     ap.add_argument("--prometheus", default="/usr/bin/prometheus")
+    ap.add_argument("--memcached", default=shutil.which("memcached") or "/usr/bin/memcached")
     ap.add_argument("--rules", help="rules file to load instead of the shipped one (to show the test fails)")
     ap.add_argument("--dashboard", help="dashboard to check instead of the shipped one")
     ap.add_argument("--config", help="prometheus.yml to start from instead of the shipped one")
@@ -390,7 +430,7 @@ def main():
     rules_text = open(rules_path, encoding="utf-8").read()
 
     tmp = tempfile.mkdtemp(prefix="kvprom-live.")
-    daemons, prom, traffic = [], None, None
+    daemons, prom, traffic, memcached = [], None, None, None
     res = Results()
     try:
         tokens = {}
@@ -404,7 +444,12 @@ def main():
             f.write(f"capped token_sha256={hashlib.sha256(CAPPED_TOKEN.encode()).hexdigest()} sessions=0\n")
         os.chmod(tenants, 0o600)
 
-        daemons = [Daemon(a.kvarnd, tmp, name, tenants) for name in ("a", "b")]
+        memcached = Memcached(a.memcached, tmp)
+        ok, detail = memcached.wait_started(deadline)
+        if not ok:
+            res.record("memcached starts", False, detail)
+            return 1
+        daemons = [Daemon(a.kvarnd, tmp, name, tenants, memcached.address) for name in ("a", "b")]
         for d in daemons:
             ok, detail = d.wait_started(deadline)
             if not ok:
@@ -485,6 +530,7 @@ def main():
             traffic.stop_event.set()
             traffic.join(60)
         stop([prom.proc if prom else None] + [d.proc for d in daemons])
+        stop([memcached.proc if memcached else None])
         if a.keep:
             log(f"kept {tmp}")
         elif res.failures:
