@@ -36,6 +36,7 @@ int RunEvict(std::span<const std::string> args, const CommandIo& io);
 int RunWatch(std::span<const std::string> args, const CommandIo& io);
 int RunDemo(std::span<const std::string> args, const CommandIo& io);
 int RunHealth(std::span<const std::string> args, const CommandIo& io);
+int RunRoute(std::span<const std::string> args, const CommandIo& io);  // route_command.cc
 
 // The socket of the Kubernetes manifests and of kvarnd's default `listen`.
 inline constexpr char kDefaultTarget[] = "unix:/run/kvarnd/kvarnd.sock";

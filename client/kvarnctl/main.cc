@@ -32,6 +32,7 @@ constexpr Subcommand kCommands[] = {
      &RunDemo},
     {"health", "kvarnd's gRPC health check (SERVING or not), bounded by a deadline: for probes",
      &RunHealth},
+    {"route", "rank kvarnd endpoints by how much of a prompt each has cached, by tier", &RunRoute},
 };
 
 void PrintHelp(std::ostream& os) {
