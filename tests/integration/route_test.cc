@@ -1,13 +1,15 @@
 // kvarn::Router (client/lib/router.h) over real kvarnd processes: two nodes, each prefilled
 // with its own prompt, ranked from the router's Watch indexes; a node restarted (its stream
 // ends, Lookup answers until the new daemon's index is proven complete again); a node's
-// disk tier surviving its restart (answered by Lookup, by tier); an endpoint where nothing
-// listens (ranked last with its error); and the kvarnctl route binary.
+// disk tier surviving its restart (answered by Lookup, by tier); two nodes sharing memcached
+// (a block either wrote there counts as remote for both); an endpoint where nothing listens
+// (ranked last with its error); and the kvarnctl route binary.
 #include <sys/wait.h>
 
 #include <fstream>
 
 #include "client/lib/router.h"
+#include "tests/common/memcached_servers.h"
 #include "tests/integration/fixture.h"
 
 namespace kvarn::it {
@@ -206,6 +208,62 @@ TEST_F(RouteTest, DiskTierThatSurvivesARestartIsAnsweredByLookupByTier) {
   EXPECT_EQ(ranked[0].tokens.disk, kFull);
   EXPECT_DOUBLE_EQ(ranked[0].score, 0.9 * kFull);
   EXPECT_EQ(router->Info(1).state, IndexState::kPartial);
+}
+
+TEST_F(RouteTest, BlocksInSharedMemcachedCountAsRemoteForEveryNode) {
+  kvarn::testing::MemcachedServerOptions mo;
+  mo.count = 1;
+  auto servers = kvarn::testing::MemcachedServers::Start(mo);
+  ASSERT_TRUE(servers.ok()) << servers.status();
+  const std::vector<std::string> mc = {"--memcached_servers=" + (*servers)->address(0)};
+  Daemon* a = StartDaemon(mc);
+  Daemon* b = StartDaemon(mc);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  auto router = MakeRouter({a->target(), b->target()});
+  ASSERT_NE(router, nullptr);
+  ASSERT_TRUE(router->Await(
+      [&] { return router->Info(0).state != IndexState::kDisconnected && router->Info(1).state != IndexState::kDisconnected; },
+      absl::Now() + kWait));
+
+  // Each node seals its prompt's tiles, and writes them to memcached as they seal.
+  const std::vector<uint32_t> p1 = Tokens(10000, kPromptLen);
+  const std::vector<uint32_t> p2 = Tokens(50000, kPromptLen);
+  Prefill(*a, p1);
+  Prefill(*b, p2);
+  ASSERT_TRUE(AwaitIndexed(*router, 0, p1, kFull));
+  ASSERT_TRUE(AwaitIndexed(*router, 1, p2, kFull));
+  // B's own index has none of P1; A saw P1's blocks stored in memcached, which B reads too.
+  std::vector<RouteResult> ranked;
+  ASSERT_TRUE(router->Await(
+      [&] {
+        ranked = router->Rank(p1);
+        return Of(ranked, 1).tokens.remote == kFull;
+      },
+      absl::Now() + kWait))
+      << "B's remote tokens for P1: " << Of(ranked, 1).tokens.remote;
+  EXPECT_EQ(ranked[0].endpoint, a->target());
+  EXPECT_EQ(ranked[0].tokens.pool, kFull);
+  EXPECT_EQ(ranked[0].source, RouteSource::kWatchIndex);
+  EXPECT_EQ(ranked[1].endpoint, b->target());
+  EXPECT_EQ(ranked[1].source, RouteSource::kWatchIndex);
+  EXPECT_EQ(ranked[1].tokens.pool, 0u);
+  EXPECT_EQ(ranked[1].cached_tokens, kFull);
+  EXPECT_DOUBLE_EQ(ranked[1].score, 0.5 * kFull);
+  // B's own Lookup agrees: it would fetch P1's blocks from memcached.
+  ranked = router->Rank(p1, RankOptions{.verify = true});
+  EXPECT_EQ(Of(ranked, 1).source, RouteSource::kLookup);
+  EXPECT_EQ(Of(ranked, 1).tokens.remote, kFull);
+  EXPECT_EQ(Of(ranked, 1).tokens.pool, 0u);
+  // And the other way round for P2.
+  ASSERT_TRUE(router->Await(
+      [&] {
+        ranked = router->Rank(p2);
+        return Of(ranked, 0).tokens.remote == kFull;
+      },
+      absl::Now() + kWait));
+  EXPECT_EQ(ranked[0].endpoint, b->target());
+  EXPECT_EQ(ranked[0].tokens.pool, kFull);
 }
 
 TEST_F(RouteTest, KvarnctlRoutePrintsTheRankingAndFailsClearly) {
