@@ -1,8 +1,9 @@
 // kvarnctl's commands that talk to a running kvarnd: status (status_command.cc), sequences,
-// evict, watch (daemon_commands.cc), demo (demo.cc) and health (health_command.cc). All but
-// health connect, learn the daemon's layout (Describe), open a session (an observer
-// session, holding no tail slots, except for demo's workers) and close it on exit; health
-// asks gRPC's health service and opens nothing.
+// evict, watch (daemon_commands.cc), demo (demo.cc), route (route_command.cc: several
+// endpoints at once, through kvarn::Router, with --endpoint instead of --target) and health
+// (health_command.cc). All but health connect, learn the daemon's layout (Describe), open a
+// session (an observer session, holding no tail slots, except for demo's workers) and close
+// it on exit; health asks gRPC's health service and opens nothing.
 //
 // Where they connect: --target, else $KVARN_TARGET, else kDefaultTarget, for every one of
 // them. Credentials: --tenant-token-file (default $KVARN_TENANT_TOKEN_FILE), --admin-token

@@ -2,7 +2,9 @@
 // with kvarn::Router (client/lib/router.h, docs/router.md). A one-shot process has no Watch
 // history, so its answers come from Lookup unless an endpoint's index is already complete
 // (a daemon that has logged nothing yet); the table says which source answered.
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iomanip>
@@ -153,16 +155,22 @@ int RunRoute(std::span<const std::string> args, const CommandIo& io) {
   flags.Duration("timeout", &timeout, "DURATION", "deadline of the ranking's Lookups (default 2s)");
   flags.Duration("connect-timeout", &connect_timeout, "DURATION", "deadline of connecting to each endpoint (default 2s)");
   flags.Bool("json", &json, "print one JSON object: prompt_tokens, results [{rank, endpoint, ok, source, ...}]");
-  if (int rc = ParseOrExit(flags, args, io,
-                           "usage: kvarnctl route --endpoint ADDR [--endpoint ADDR ...] --prompt-file FILE [flags]\n\n"
-                           "Ranks kvarnd endpoints by how much of the prompt each has cached: the tokens it would\n"
-                           "adopt, by tier (pool, disk, remote), best first by score = pool + 0.9 x disk + 0.5 x\n"
-                           "remote; ties in the order given; unreachable endpoints last with their error. The\n"
-                           "source column says whether the router's Watch index or a Lookup answered\n"
-                           "(docs/router.md).");
-      rc >= 0) {
-    return rc;
+  const CodecStatus parsed = flags.Parse(args);
+  if (flags.help_requested()) {
+    io.out << "usage: kvarnctl route --endpoint ADDR [--endpoint ADDR ...] --prompt-file FILE [flags]\n\n"
+              "Ranks kvarnd endpoints by how much of the prompt each has cached: the tokens it would\n"
+              "adopt, by tier (pool, disk, remote), best first by score = pool + 0.9 x disk + 0.5 x\n"
+              "remote; ties in the order given; unreachable endpoints last with their error. The\n"
+              "source column says whether the router's Watch index or a Lookup answered\n"
+              "(docs/router.md).\n\nFlags:\n"
+           << flags.Usage()
+           << "\nEnvironment: KVARN_TENANT_TOKEN_FILE, KVARN_ADMIN_TOKEN_FILE (defaults of\n"
+              "--tenant-token-file, --admin-token-file; a flag overrides its variable).\n"
+              "Exit status: 0 at least one endpoint ranked; 1 none could be (each row has its error);\n"
+              "2 bad flags, or a prompt, token or TLS file that cannot be read or is not valid.\n";
+    return kExitOk;
   }
+  if (!parsed.ok()) return ReportError(io, parsed);
   auto prompt = ReadPrompt(prompt_file);
   if (!prompt.ok()) return ReportError(io, ToCli(prompt.status()));
   auto co = d.Options();

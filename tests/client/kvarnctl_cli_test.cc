@@ -86,7 +86,7 @@ TEST(KvarnctlCliTest, UnknownCommandIsAClearErrorWithExit2) {
   EXPECT_EQ(p.code, 2);
   EXPECT_EQ(p.err,
             "kvarnctl: error: unknown command 'stauts'; commands: codec, status, sequences, evict, watch, demo, "
-            "health (see kvarnctl --help)\n");
+            "health, route (see kvarnctl --help)\n");
   EXPECT_EQ(Kvarnctl("help stauts").code, 2);
 }
 
