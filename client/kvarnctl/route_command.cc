@@ -31,14 +31,18 @@ absl::StatusOr<std::vector<uint32_t>> ReadPrompt(const std::string& path) {
     text = s.str();
   } else {
     std::ifstream f(path, std::ios::binary);
-    if (!f) return absl::InvalidArgumentError(absl::StrCat("--prompt-file: cannot read ", path, ": ", std::strerror(errno)));
+    if (!f)
+      return absl::InvalidArgumentError(
+          absl::StrCat("--prompt-file: cannot read ", path, ": ", std::strerror(errno)));
     std::ostringstream s;
     s << f.rdbuf();
-    if (f.bad()) return absl::InvalidArgumentError(absl::StrCat("--prompt-file: cannot read ", path));
+    if (f.bad())
+      return absl::InvalidArgumentError(absl::StrCat("--prompt-file: cannot read ", path));
     text = s.str();
   }
   if (text.size() > kMaxPromptBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("--prompt-file: ", path, " is larger than 64 MiB"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--prompt-file: ", path, " is larger than 64 MiB"));
   }
   std::vector<uint32_t> ids;
   std::istringstream in(text);
@@ -54,13 +58,14 @@ absl::StatusOr<std::vector<uint32_t>> ReadPrompt(const std::string& path) {
       v = v * 10 + static_cast<uint64_t>(c - '0');
     }
     if (!ok || v > UINT32_MAX) {
-      return absl::InvalidArgumentError(absl::StrCat("--prompt-file: ", path, ": word ", ids.size() + 1, " '",
-                                                     word.substr(0, 32),
-                                                     "' is not a token id (a decimal integer 0..4294967295)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--prompt-file: ", path, ": word ", ids.size() + 1, " '", word.substr(0, 32),
+                       "' is not a token id (a decimal integer 0..4294967295)"));
     }
     ids.push_back(static_cast<uint32_t>(v));
   }
-  if (ids.empty()) return absl::InvalidArgumentError(absl::StrCat("--prompt-file: ", path, " holds no token ids"));
+  if (ids.empty())
+    return absl::InvalidArgumentError(absl::StrCat("--prompt-file: ", path, " holds no token ids"));
   return ids;
 }
 
@@ -105,19 +110,22 @@ std::string RouteText(size_t prompt_tokens, const std::vector<RouteResult>& rank
   size_t width = 8;
   for (const RouteResult& r : ranked) width = std::max(width, r.endpoint.size());
   o << "prompt: " << prompt_tokens << " tokens; score = pool + 0.9 x disk + 0.5 x remote\n";
-  o << std::left << std::setw(6) << "rank" << std::setw(static_cast<int>(width) + 2) << "endpoint" << std::right
-    << std::setw(8) << "cached" << std::setw(8) << "pool" << std::setw(8) << "disk" << std::setw(8) << "remote"
-    << std::setw(10) << "score" << "  " << std::left << "source\n";
+  o << std::left << std::setw(6) << "rank" << std::setw(static_cast<int>(width) + 2) << "endpoint"
+    << std::right << std::setw(8) << "cached" << std::setw(8) << "pool" << std::setw(8) << "disk"
+    << std::setw(8) << "remote" << std::setw(10) << "score"
+    << "  " << std::left << "source\n";
   for (size_t i = 0; i < ranked.size(); ++i) {
     const RouteResult& r = ranked[i];
-    o << std::left << std::setw(6) << (i + 1) << std::setw(static_cast<int>(width) + 2) << r.endpoint << std::right;
+    o << std::left << std::setw(6) << (i + 1) << std::setw(static_cast<int>(width) + 2)
+      << r.endpoint << std::right;
     if (r.status.ok()) {
-      o << std::setw(8) << r.cached_tokens << std::setw(8) << r.tokens.pool << std::setw(8) << r.tokens.disk
-        << std::setw(8) << r.tokens.remote << std::setw(10) << Score(r.score) << "  " << RouteSourceName(r.source)
-        << "\n";
+      o << std::setw(8) << r.cached_tokens << std::setw(8) << r.tokens.pool << std::setw(8)
+        << r.tokens.disk << std::setw(8) << r.tokens.remote << std::setw(10) << Score(r.score)
+        << "  " << RouteSourceName(r.source) << "\n";
     } else {
-      o << std::setw(8) << "-" << std::setw(8) << "-" << std::setw(8) << "-" << std::setw(8) << "-" << std::setw(10)
-        << "-" << "  error: " << r.status.message() << "\n";
+      o << std::setw(8) << "-" << std::setw(8) << "-" << std::setw(8) << "-" << std::setw(8) << "-"
+        << std::setw(10) << "-"
+        << "  error: " << r.status.message() << "\n";
     }
   }
   return o.str();
@@ -132,42 +140,56 @@ int RunRoute(std::span<const std::string> args, const CommandIo& io) {
   std::string prompt_file;
   bool json = false, verify = false;
   absl::Duration timeout = absl::Seconds(2), connect_timeout = absl::Seconds(2);
-  flags.StringList("endpoint", &endpoints, "ADDR", "a kvarnd to rank, unix:/path or host:port (repeat: one per node)",
+  flags.StringList("endpoint", &endpoints, "ADDR",
+                   "a kvarnd to rank, unix:/path or host:port (repeat: one per node)",
                    /*required=*/true);
-  flags.String("prompt-file", &prompt_file, "FILE", "the prompt: whitespace-separated token ids ('-': stdin)",
+  flags.String("prompt-file", &prompt_file, "FILE",
+               "the prompt: whitespace-separated token ids ('-': stdin)",
                /*required=*/true);
   // The tenant and credential flags every daemon command takes (DaemonFlags::Register less
   // --target, which --endpoint replaces).
-  flags.String("tenant", &d.tenant, "NAME", absl::StrCat("tenant whose cache is ranked (default ", d.tenant, ")"));
+  flags.String("tenant", &d.tenant, "NAME",
+               absl::StrCat("tenant whose cache is ranked (default ", d.tenant, ")"));
   if (const char* v = std::getenv("KVARN_TENANT_TOKEN_FILE")) d.tenant_token_file = v;
   flags.String("tenant-token-file", &d.tenant_token_file, "FILE",
                "file whose first line is the tenant's token (default $KVARN_TENANT_TOKEN_FILE)");
-  flags.String("admin-token", &d.admin_token, "TOKEN", "admin token (visible to other users in ps; prefer the file)");
+  flags.String("admin-token", &d.admin_token, "TOKEN",
+               "admin token (visible to other users in ps; prefer the file)");
   if (const char* v = std::getenv("KVARN_ADMIN_TOKEN_FILE")) d.admin_token_file_env = v;
   d.admin_token_file = d.admin_token_file_env;
   flags.String("admin-token-file", &d.admin_token_file, "FILE",
                "file whose first line is the admin token (default $KVARN_ADMIN_TOKEN_FILE)");
-  flags.String("tls-ca", &d.tls_ca, "FILE", "TCP endpoints: connect with TLS, verifying kvarnd against this PEM CA");
-  flags.String("tls-cert", &d.tls_cert, "FILE", "TCP endpoints: this client's PEM certificate (mutual TLS)");
-  flags.String("tls-key", &d.tls_key, "FILE", "TCP endpoints: this client's PEM private key (mutual TLS)");
-  flags.String("tls-server-name", &d.tls_server_name, "NAME", "TCP endpoints: the name kvarnd's certificates carry");
-  flags.Bool("verify", &verify, "answer every endpoint by Lookup, whatever the router's index knows");
+  flags.String("tls-ca", &d.tls_ca, "FILE",
+               "TCP endpoints: connect with TLS, verifying kvarnd against this PEM CA");
+  flags.String("tls-cert", &d.tls_cert, "FILE",
+               "TCP endpoints: this client's PEM certificate (mutual TLS)");
+  flags.String("tls-key", &d.tls_key, "FILE",
+               "TCP endpoints: this client's PEM private key (mutual TLS)");
+  flags.String("tls-server-name", &d.tls_server_name, "NAME",
+               "TCP endpoints: the name kvarnd's certificates carry");
+  flags.Bool("verify", &verify,
+             "answer every endpoint by Lookup, whatever the router's index knows");
   flags.Duration("timeout", &timeout, "DURATION", "deadline of the ranking's Lookups (default 2s)");
-  flags.Duration("connect-timeout", &connect_timeout, "DURATION", "deadline of connecting to each endpoint (default 2s)");
-  flags.Bool("json", &json, "print one JSON object: prompt_tokens, results [{rank, endpoint, ok, source, ...}]");
+  flags.Duration("connect-timeout", &connect_timeout, "DURATION",
+                 "deadline of connecting to each endpoint (default 2s)");
+  flags.Bool("json", &json,
+             "print one JSON object: prompt_tokens, results [{rank, endpoint, ok, source, ...}]");
   const CodecStatus parsed = flags.Parse(args);
   if (flags.help_requested()) {
-    io.out << "usage: kvarnctl route --endpoint ADDR [--endpoint ADDR ...] --prompt-file FILE [flags]\n\n"
-              "Ranks kvarnd endpoints by how much of the prompt each has cached: the tokens it would\n"
-              "adopt, by tier (pool, disk, remote), best first by score = pool + 0.9 x disk + 0.5 x\n"
-              "remote; ties in the order given; unreachable endpoints last with their error. The\n"
-              "source column says whether the router's Watch index or a Lookup answered\n"
-              "(docs/router.md).\n\nFlags:\n"
-           << flags.Usage()
-           << "\nEnvironment: KVARN_TENANT_TOKEN_FILE, KVARN_ADMIN_TOKEN_FILE (defaults of\n"
-              "--tenant-token-file, --admin-token-file; a flag overrides its variable).\n"
-              "Exit status: 0 at least one endpoint ranked; 1 none could be (each row has its error);\n"
-              "2 bad flags, or a prompt, token or TLS file that cannot be read or is not valid.\n";
+    io.out
+        << "usage: kvarnctl route --endpoint ADDR [--endpoint ADDR ...] --prompt-file FILE "
+           "[flags]\n\n"
+           "Ranks kvarnd endpoints by how much of the prompt each has cached: the tokens it would\n"
+           "adopt, by tier (pool, disk, remote), best first by score = pool + 0.9 x disk + 0.5 x\n"
+           "remote; ties in the order given; unreachable endpoints last with their error. The\n"
+           "source column says whether the router's Watch index or a Lookup answered\n"
+           "(docs/router.md).\n\nFlags:\n"
+        << flags.Usage()
+        << "\nEnvironment: KVARN_TENANT_TOKEN_FILE, KVARN_ADMIN_TOKEN_FILE (defaults of\n"
+           "--tenant-token-file, --admin-token-file; a flag overrides its variable).\n"
+           "Exit status: 0 at least one endpoint ranked; 1 none could be (each row has its "
+           "error);\n"
+           "2 bad flags, or a prompt, token or TLS file that cannot be read or is not valid.\n";
     return kExitOk;
   }
   if (!parsed.ok()) return ReportError(io, parsed);

@@ -14,18 +14,24 @@ namespace kvarn {
 
 const char* RouteSourceName(RouteSource s) {
   switch (s) {
-    case RouteSource::kWatchIndex: return "watch";
-    case RouteSource::kLookup: return "lookup";
-    case RouteSource::kNone: break;
+    case RouteSource::kWatchIndex:
+      return "watch";
+    case RouteSource::kLookup:
+      return "lookup";
+    case RouteSource::kNone:
+      break;
   }
   return "none";
 }
 
 const char* IndexStateName(IndexState s) {
   switch (s) {
-    case IndexState::kPartial: return "partial";
-    case IndexState::kComplete: return "complete";
-    case IndexState::kDisconnected: break;
+    case IndexState::kPartial:
+      return "partial";
+    case IndexState::kComplete:
+      return "complete";
+    case IndexState::kDisconnected:
+      break;
   }
   return "disconnected";
 }
@@ -79,7 +85,8 @@ absl::StatusOr<BlockHash> HashFromBytes(const std::string& bytes) {
 Router::Router(RouterOptions options) : options_(std::move(options)) {}
 
 absl::StatusOr<std::unique_ptr<Router>> Router::Create(RouterOptions options) {
-  if (options.endpoints.empty()) return absl::InvalidArgumentError("no endpoints: give at least one kvarnd target");
+  if (options.endpoints.empty())
+    return absl::InvalidArgumentError("no endpoints: give at least one kvarnd target");
   for (const std::string& t : options.endpoints) {
     if (t.empty()) return absl::InvalidArgumentError("an endpoint is empty");
   }
@@ -88,9 +95,12 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(RouterOptions options) {
         options.remote_weight <= 1)) {
     return absl::InvalidArgumentError("disk_weight and remote_weight must be in [0, 1]");
   }
-  if (options.connect_timeout <= absl::ZeroDuration() || options.rank_timeout <= absl::ZeroDuration() ||
-      options.backoff_initial <= absl::ZeroDuration() || options.backoff_max < options.backoff_initial) {
-    return absl::InvalidArgumentError("timeouts must be positive and backoff_max >= backoff_initial");
+  if (options.connect_timeout <= absl::ZeroDuration() ||
+      options.rank_timeout <= absl::ZeroDuration() ||
+      options.backoff_initial <= absl::ZeroDuration() ||
+      options.backoff_max < options.backoff_initial) {
+    return absl::InvalidArgumentError(
+        "timeouts must be positive and backoff_max >= backoff_initial");
   }
   std::unique_ptr<Router> r(new Router(std::move(options)));
   for (size_t i = 0; i < r->options_.endpoints.size(); ++i) {
@@ -163,7 +173,8 @@ void Router::Run(Endpoint* e) {
     {
       MutexLock lock(&e->mu);
       e->first_attempt_done = true;
-      std::erase_if(e->retired, [](const std::shared_ptr<Connection>& c) { return c.use_count() == 1; });
+      std::erase_if(e->retired,
+                    [](const std::shared_ptr<Connection>& c) { return c.use_count() == 1; });
     }
     Changed();
     if (stop_.load()) break;
@@ -238,6 +249,7 @@ bool Router::ConnectAndWatch(Endpoint* e) {
     e->conn = conn;
     e->blocks.Clear();
     e->state = IndexState::kPartial;
+    e->last_error = absl::OkStatus();
     ++e->streams;
     e->first_attempt_done = true;
   }
@@ -251,7 +263,8 @@ bool Router::ConnectAndWatch(Endpoint* e) {
       MutexLock lock(&e->mu);
       if (!delivered) {
         // Event number 1 first: nothing was logged before this stream started.
-        if (ev.sequence_number() == 1 && disk_empty && conn->has_ns) e->state = IndexState::kComplete;
+        if (ev.sequence_number() == 1 && disk_empty && conn->has_ns)
+          e->state = IndexState::kComplete;
         delivered = true;
       }
       ++e->events;
@@ -296,7 +309,8 @@ EndpointInfo Router::Info(size_t endpoint) const {
   return info;
 }
 
-absl::StatusOr<TierTokens> Router::IndexMatch(size_t endpoint, std::span<const uint32_t> prompt) const {
+absl::StatusOr<TierTokens> Router::IndexMatch(size_t endpoint,
+                                              std::span<const uint32_t> prompt) const {
   const Endpoint& e = *endpoints_.at(endpoint);
   std::shared_ptr<Connection> conn;
   {
@@ -304,11 +318,13 @@ absl::StatusOr<TierTokens> Router::IndexMatch(size_t endpoint, std::span<const u
     conn = e.conn;
   }
   if (conn == nullptr || !conn->has_ns) {
-    return absl::FailedPreconditionError(absl::StrCat(e.target, ": no session with a prefix namespace"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(e.target, ": no session with a prefix namespace"));
   }
   const std::vector<BlockHash> hashes = PromptBlockHashes(conn->ns, conn->tile_tokens, prompt);
   MutexLock lock(&e.mu);
-  if (e.conn != conn) return absl::UnavailableError(absl::StrCat(e.target, ": the session changed meanwhile"));
+  if (e.conn != conn)
+    return absl::UnavailableError(absl::StrCat(e.target, ": the session changed meanwhile"));
   return e.blocks.Match(hashes, conn->tile_tokens);
 }
 
@@ -331,7 +347,8 @@ std::vector<RouteResult> Router::Rank(std::span<const uint32_t> prompt, const Ra
     {
       MutexLock lock(&e.mu);
       conns[i] = e.conn;
-      if (conns[i] == nullptr) r.status = e.last_error.ok() ? absl::UnavailableError("not connected") : e.last_error;
+      if (conns[i] == nullptr)
+        r.status = e.last_error.ok() ? absl::UnavailableError("not connected") : e.last_error;
     }
     if (conns[i] == nullptr || !conns[i]->has_ns || rank.verify) continue;
     const Connection& c = *conns[i];
@@ -402,7 +419,8 @@ std::vector<RouteResult> Router::Rank(std::span<const uint32_t> prompt, const Ra
       r.tokens = {};
       continue;
     }
-    r.score = static_cast<double>(r.tokens.pool) + options_.disk_weight * static_cast<double>(r.tokens.disk) +
+    r.score = static_cast<double>(r.tokens.pool) +
+              options_.disk_weight * static_cast<double>(r.tokens.disk) +
               options_.remote_weight * static_cast<double>(r.tokens.remote);
   }
   std::stable_sort(results.begin(), results.end(), [](const RouteResult& a, const RouteResult& b) {

@@ -64,12 +64,13 @@
 namespace kvarn {
 
 struct RouterOptions {
-  std::vector<std::string> endpoints;  // kvarnd targets, "unix:/path" or "host:port"; ranked in this order on ties
-  std::string tenant;                  // the sessions' tenant: whose namespace prompts are hashed in
-  std::string tenant_token;            // when the daemons authenticate tenants
-  std::string admin_token;             // sees every tenant's events (recommended, see above)
+  // kvarnd targets, "unix:/path" or "host:port"; ranked in this order on ties.
+  std::vector<std::string> endpoints;
+  std::string tenant;        // the sessions' tenant: whose namespace prompts are hashed in
+  std::string tenant_token;  // when the daemons authenticate tenants
+  std::string admin_token;   // sees every tenant's events (recommended, see above)
   std::string client_name = "kvarn router";
-  ClientOptions client;                // TLS; map_pool is forced off (the router maps no pool)
+  ClientOptions client;  // TLS; map_pool is forced off (the router maps no pool)
   // One connection attempt (Client::Connect's health check), and the longest Create waits
   // for every endpoint's first attempt.
   absl::Duration connect_timeout = absl::Seconds(2);
@@ -118,12 +119,13 @@ const char* IndexStateName(IndexState s);  // "disconnected", "partial", "comple
 struct EndpointInfo {
   std::string endpoint;
   IndexState state = IndexState::kDisconnected;
-  uint64_t epoch = 0;           // of the session held (0: none)
+  uint64_t epoch = 0;  // of the session held (0: none)
   uint32_t tile_tokens = 0;
-  size_t indexed_blocks = 0;    // hashes in the index now
-  uint64_t events = 0;          // events applied, all streams
-  uint64_t streams = 0;         // Watch streams opened so far
-  absl::Status last_error;      // why the last stream or connection attempt ended
+  size_t indexed_blocks = 0;  // hashes in the index now
+  uint64_t events = 0;        // events applied, all streams
+  uint64_t streams = 0;       // Watch streams opened so far
+  // Why the last stream or connection attempt ended; OK while a stream is open.
+  absl::Status last_error;
 };
 
 class Router {

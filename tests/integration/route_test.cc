@@ -50,7 +50,8 @@ class RouteTest : public IntegrationTest {
   }
 
   // Waits until endpoint `i`'s index is complete and matches `tokens` of `prompt` in the pool.
-  bool AwaitIndexed(const Router& r, size_t i, const std::vector<uint32_t>& prompt, uint64_t tokens) {
+  bool AwaitIndexed(const Router& r, size_t i, const std::vector<uint32_t>& prompt,
+                    uint64_t tokens) {
     return r.Await(
         [&] {
           if (r.Info(i).state != IndexState::kComplete) return false;
@@ -87,7 +88,10 @@ TEST_F(RouteTest, RanksEachPromptsNodeFirstFromTheWatchIndexAndRecoversAfterARes
   ASSERT_NE(router, nullptr);
   // Both streams open before anything is stored: each index will see its daemon's event 1.
   ASSERT_TRUE(router->Await(
-      [&] { return router->Info(0).state != IndexState::kDisconnected && router->Info(1).state != IndexState::kDisconnected; },
+      [&] {
+        return router->Info(0).state != IndexState::kDisconnected &&
+               router->Info(1).state != IndexState::kDisconnected;
+      },
       absl::Now() + kWait));
 
   const std::vector<uint32_t> p1 = Tokens(10000, kPromptLen);
@@ -143,7 +147,8 @@ TEST_F(RouteTest, RanksEachPromptsNodeFirstFromTheWatchIndexAndRecoversAfterARes
   const uint64_t old_epoch = b->epoch();
   const uint64_t streams_before = router->Info(1).streams;
   StopCleanly(b);
-  ASSERT_TRUE(router->Await([&] { return router->Info(1).state == IndexState::kDisconnected; }, absl::Now() + kWait));
+  ASSERT_TRUE(router->Await([&] { return router->Info(1).state == IndexState::kDisconnected; },
+                            absl::Now() + kWait));
   ranked = router->Rank(p2);
   EXPECT_EQ(ranked[0].endpoint, a->target());
   EXPECT_FALSE(Of(ranked, 1).status.ok());
@@ -175,8 +180,9 @@ TEST_F(RouteTest, RanksEachPromptsNodeFirstFromTheWatchIndexAndRecoversAfterARes
   EXPECT_EQ(ranked[0].source, RouteSource::kWatchIndex);
   EXPECT_EQ(ranked[0].cached_tokens, kFull);
   EXPECT_EQ(ranked[0].epoch, b2->epoch());
-  Report(absl::StrCat("router: endpoint B streams opened ", router->Info(1).streams, ", events applied ",
-                      router->Info(1).events, ", indexed blocks ", router->Info(1).indexed_blocks));
+  Report(absl::StrCat("router: endpoint B streams opened ", router->Info(1).streams,
+                      ", events applied ", router->Info(1).events, ", indexed blocks ",
+                      router->Info(1).indexed_blocks));
 }
 
 TEST_F(RouteTest, DiskTierThatSurvivesARestartIsAnsweredByLookupByTier) {
@@ -197,7 +203,8 @@ TEST_F(RouteTest, DiskTierThatSurvivesARestartIsAnsweredByLookupByTier) {
 
   auto router = MakeRouter({a->target(), b2->target()});
   ASSERT_NE(router, nullptr);
-  ASSERT_TRUE(router->Await([&] { return router->Info(1).state != IndexState::kDisconnected; }, absl::Now() + kWait));
+  ASSERT_TRUE(router->Await([&] { return router->Info(1).state != IndexState::kDisconnected; },
+                            absl::Now() + kWait));
   // Records found at start come with no event: the index cannot know them, so it is never
   // complete, and B is answered by Lookup, from its disk tier.
   std::vector<RouteResult> ranked = router->Rank(p2);
@@ -223,7 +230,10 @@ TEST_F(RouteTest, BlocksInSharedMemcachedCountAsRemoteForEveryNode) {
   auto router = MakeRouter({a->target(), b->target()});
   ASSERT_NE(router, nullptr);
   ASSERT_TRUE(router->Await(
-      [&] { return router->Info(0).state != IndexState::kDisconnected && router->Info(1).state != IndexState::kDisconnected; },
+      [&] {
+        return router->Info(0).state != IndexState::kDisconnected &&
+               router->Info(1).state != IndexState::kDisconnected;
+      },
       absl::Now() + kWait));
 
   // Each node seals its prompt's tiles, and writes them to memcached as they seal.
@@ -279,9 +289,11 @@ TEST_F(RouteTest, KvarnctlRoutePrintsTheRankingAndFailsClearly) {
     std::ofstream f(prompt_file);
     for (uint32_t t : p2) f << t << (t % 16 == 0 ? "\n" : " ");
   }
-  const std::vector<std::string> env = {"KVARN_TARGET", "KVARN_ADMIN_TOKEN_FILE", "KVARN_TENANT_TOKEN_FILE"};
-  const std::vector<std::string> base = {"route", "--endpoint", a->target(), "--endpoint", b->target(),
-                                         "--tenant", kTenant, "--admin-token", kAdminToken};
+  const std::vector<std::string> env = {"KVARN_TARGET", "KVARN_ADMIN_TOKEN_FILE",
+                                        "KVARN_TENANT_TOKEN_FILE"};
+  const std::vector<std::string> base = {"route",      "--endpoint",    a->target(),
+                                         "--endpoint", b->target(),     "--tenant",
+                                         kTenant,      "--admin-token", kAdminToken};
 
   std::vector<std::string> args = base;
   args.insert(args.end(), {"--prompt-file", prompt_file});
@@ -294,7 +306,8 @@ TEST_F(RouteTest, KvarnctlRoutePrintsTheRankingAndFailsClearly) {
   ASSERT_NE(row_b, std::string::npos) << text.out;
   ASSERT_NE(row_a, std::string::npos) << text.out;
   const std::string line_b = text.out.substr(row_b + 1, text.out.find('\n', row_b + 1) - row_b - 1);
-  EXPECT_THAT(line_b, HasSubstr(absl::StrCat(" ", kFull, "     ", kFull, "       0       0     ", kFull, ".0  lookup")))
+  EXPECT_THAT(line_b, HasSubstr(absl::StrCat(" ", kFull, "     ", kFull, "       0       0     ",
+                                             kFull, ".0  lookup")))
       << text.out;
 
   args = base;
@@ -302,7 +315,8 @@ TEST_F(RouteTest, KvarnctlRoutePrintsTheRankingAndFailsClearly) {
   IT_ASSIGN_OR_FAIL(json, RunWithInput(KVARN_IT_KVARNCTL, args, "1 2 3\n4 5"));
   EXPECT_TRUE(WIFEXITED(json.first) && WEXITSTATUS(json.first) == 0) << json.second;
   EXPECT_THAT(json.second, HasSubstr("\"prompt_tokens\": 5"));
-  EXPECT_THAT(json.second, HasSubstr(absl::StrCat("\"rank\": 1, \"endpoint\": \"", a->target(), "\", \"ok\": true")));
+  EXPECT_THAT(json.second, HasSubstr(absl::StrCat("\"rank\": 1, \"endpoint\": \"", a->target(),
+                                                  "\", \"ok\": true")));
 
   // Bad input: exit 2 with the reason; no endpoint answering: exit 1.
   args = base;
@@ -315,12 +329,13 @@ TEST_F(RouteTest, KvarnctlRoutePrintsTheRankingAndFailsClearly) {
   IT_ASSIGN_OR_FAIL(bad, RunWithInput(KVARN_IT_KVARNCTL, args, "12 x7 9"));
   EXPECT_TRUE(WIFEXITED(bad.first) && WEXITSTATUS(bad.first) == 2) << bad.second;
   EXPECT_THAT(bad.second, HasSubstr("word 2 'x7' is not a token id"));
-  IT_ASSIGN_OR_FAIL(none, RunProcess(KVARN_IT_KVARNCTL, {"route", "--prompt-file", prompt_file}, env));
+  IT_ASSIGN_OR_FAIL(none,
+                    RunProcess(KVARN_IT_KVARNCTL, {"route", "--prompt-file", prompt_file}, env));
   EXPECT_EQ(WEXITSTATUS(none.status), 2);
   EXPECT_THAT(none.err, HasSubstr("--endpoint"));
   IT_ASSIGN_OR_FAIL(down, RunProcess(KVARN_IT_KVARNCTL,
-                                     {"route", "--endpoint", "unix:" + dir.path() + "/nobody.sock", "--prompt-file",
-                                      prompt_file, "--connect-timeout", "300ms"},
+                                     {"route", "--endpoint", "unix:" + dir.path() + "/nobody.sock",
+                                      "--prompt-file", prompt_file, "--connect-timeout", "300ms"},
                                      env));
   EXPECT_EQ(WEXITSTATUS(down.status), 1) << down.out << down.err;
   EXPECT_THAT(down.out, HasSubstr("error:"));

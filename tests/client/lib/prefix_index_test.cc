@@ -34,7 +34,8 @@ std::vector<uint32_t> Prompt(size_t n, uint32_t first = 100) {
 TEST(PromptBlockHashesTest, HashesOnlyTheTilesAPromptCanAdopt) {
   const BlockHash ns = Ns(0);
   EXPECT_TRUE(PromptBlockHashes(ns, kTile, {}).empty());
-  EXPECT_TRUE(PromptBlockHashes(ns, kTile, Prompt(kTile)).empty()) << "the last token is always computed";
+  EXPECT_TRUE(PromptBlockHashes(ns, kTile, Prompt(kTile)).empty())
+      << "the last token is always computed";
   EXPECT_EQ(PromptBlockHashes(ns, kTile, Prompt(kTile + 1)).size(), 1u);
   EXPECT_EQ(PromptBlockHashes(ns, kTile, Prompt(3 * kTile)).size(), 2u);
   EXPECT_EQ(PromptBlockHashes(ns, kTile, Prompt(3 * kTile + 1)).size(), 3u);
@@ -64,7 +65,8 @@ TEST(TierBitOfTest, NamesThePlaces) {
 }
 
 TEST(MatchPlacesTest, PoolRunThenTiersContinueInLocalFirstOrder) {
-  const std::vector<uint8_t> places = {kInPool, kInPool | kInDisk, kInDisk | kInRemote, kInRemote, 0, kInPool};
+  const std::vector<uint8_t> places = {
+      kInPool, kInPool | kInDisk, kInDisk | kInRemote, kInRemote, 0, kInPool};
   const TierTokens t = MatchPlaces(places, kTile);
   EXPECT_EQ(t.pool, 2 * kTile);
   EXPECT_EQ(t.disk, 1 * kTile) << "a block on disk and remote counts once, as disk";
@@ -99,7 +101,8 @@ TEST(PrefixIndexTest, StoredAndRemovedTrackEachTier) {
   TierTokens t = index.Match(h, kTile);
   EXPECT_EQ(t.pool, kTile);
   EXPECT_EQ(t.disk, kTile);
-  EXPECT_EQ(t.total(), 2 * kTile) << "block 2 is only in the pool, after the gap: Lookup stops there too";
+  EXPECT_EQ(t.total(), 2 * kTile)
+      << "block 2 is only in the pool, after the gap: Lookup stops there too";
   EXPECT_EQ(index.PlacesOf(h[1]), kInDisk);
 
   // The disk lets block 1 go too: the hash is forgotten, the match is block 0 only.

@@ -29,7 +29,8 @@ RouterOptions Options(std::vector<std::string> endpoints) {
 
 TEST(RouterOptionsTest, BadOptionsAreInvalidArgument) {
   EXPECT_EQ(Router::Create(Options({})).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Router::Create(Options({"unix:/x", ""})).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Router::Create(Options({"unix:/x", ""})).status().code(),
+            absl::StatusCode::kInvalidArgument);
   RouterOptions o = Options({"unix:/x"});
   o.tenant = "";
   EXPECT_EQ(Router::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
@@ -74,8 +75,8 @@ class RouterTest : public ::testing::Test {
       ASSERT_TRUE(t.ok()) << t.status();
       const int n = std::min<int>(kTile - t->tail_tokens, static_cast<int>(prompt.size() - done));
       const std::vector<float> k = TestKv(n, 1000u + done), v = TestKv(n, 2000u + done);
-      auto r = (*s)->Append(seq->id, std::span<const uint32_t>(prompt).subspan(done, n), k.data(), v.data(),
-                            DType::kF32);
+      auto r = (*s)->Append(seq->id, std::span<const uint32_t>(prompt).subspan(done, n), k.data(),
+                            v.data(), DType::kF32);
       ASSERT_TRUE(r.ok()) << r.status();
       done += n;
     }
@@ -94,7 +95,8 @@ TEST_F(RouterTest, TenantIndexProvenCompleteRanksFromWatchAndUnreachableLast) {
   ASSERT_EQ(r.num_endpoints(), 2u);
   EXPECT_EQ(r.Info(0).state, IndexState::kDisconnected);
   EXPECT_FALSE(r.Info(0).last_error.ok());
-  ASSERT_TRUE(r.Await([&] { return r.Info(1).state != IndexState::kDisconnected; }, absl::Now() + absl::Seconds(10)));
+  ASSERT_TRUE(r.Await([&] { return r.Info(1).state != IndexState::kDisconnected; },
+                      absl::Now() + absl::Seconds(10)));
 
   // Before any event the index proves nothing: Lookup answers.
   const std::vector<uint32_t> prompt = TestTokenIds(10, 2 * kTile + 1);
