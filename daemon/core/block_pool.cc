@@ -120,6 +120,12 @@ void PoolSet::MarkInTiers(BlockRef ref, uint8_t tiers) {
   b.in_tiers |= tiers;
 }
 
+void PoolSet::ClearInTiers(BlockRef ref, uint8_t tiers) {
+  BlockInfo& b = mut(ref.cls).info_[ref.id];
+  KVARN_CHECK(b.state == BlockState::kActive || b.state == BlockState::kCached, "only an indexed block is in a tier");
+  b.in_tiers &= static_cast<uint8_t>(~tiers);
+}
+
 void PoolSet::Abort(BlockRef ref) {
   BlockPool& p = mut(ref.cls);
   BlockInfo& b = p.info_[ref.id];

@@ -98,6 +98,8 @@ class PoolSet {
   void Publish(BlockRef b, const BlockHash& hash, std::optional<BlockRef> parent);
   // Records that tiers (bits) hold the indexed block b.
   void MarkInTiers(BlockRef b, uint8_t tiers);
+  // Records that tiers (bits) no longer hold the indexed block b (a tier dropped its record).
+  void ClearInTiers(BlockRef b, uint8_t tiers);
   // kSealing -> kFree (the seal failed or was a duplicate); uncharged.
   void Abort(BlockRef b);
   // One more reference to an indexed block (kCached -> kActive).

@@ -33,6 +33,15 @@ void KvCore::SetTiers(std::vector<BlockTier*> tiers) {
 }
 
 void KvCore::OnTierEvent(size_t tier, const BlockHash& hash, bool stored, uint32_t tenant) {
+  if (!stored) {
+    // The tier dropped the record (its LRU, or a read found it bad): a pool block under that
+    // hash goes to it again when evicted or spilled on stop. Safe from the tier's thread: the
+    // core never waits for a tier while it holds the lock (Flush is called without it).
+    MutexLock lock(&mu_);
+    if (const std::optional<BlockRef> b = pools_.Find(hash); b.has_value()) {
+      pools_.ClearInTiers(*b, static_cast<uint8_t>(1u << tier));
+    }
+  }
   BlockEvent e;
   e.kind = stored ? BlockEvent::Kind::kStored : BlockEvent::Kind::kRemoved;
   e.hash = hash;

@@ -219,6 +219,35 @@ absl::StatusOr<SequenceTable> Prefill(Session& s, std::span<const uint32_t> prom
 // The adoptable tiles of a prompt of `tiles` full tiles and 10 more tokens: all `tiles`.
 std::vector<uint32_t> Prompt(uint32_t first, size_t tiles) { return Tokens(first, tiles * kTile + 10); }
 
+// 8 quantized blocks; 6 fp16 blocks: 4 sinks, 2 tail slots (a session's). Quantized blocks
+// run out before sinks do, so a prompt loses its quantized blocks first, its sink later.
+constexpr uint32_t kQuant = 8, kFp16 = 6, kSinks = 4;
+std::vector<std::string> SmallPoolFlags() {
+  Preset p;
+  EXPECT_TRUE(ParsePreset(SmallLayout().preset, &p).ok());
+  const Layout l = SmallLayout();
+  const uint64_t qbytes = uint64_t{l.num_layers} * l.num_kv_heads * p.RecordBytes(static_cast<int>(l.head_dim));
+  const uint64_t fbytes = uint64_t{l.num_layers} * l.num_kv_heads * 2 * kTile * l.head_dim * 2;
+  const uint64_t capacity = kQuant * qbytes + kFp16 * fbytes;
+  char share[64], sink_share[64];
+  std::snprintf(share, sizeof(share), "%.12f", (static_cast<double>(kFp16 * fbytes) + 0.5) / static_cast<double>(capacity));
+  std::snprintf(sink_share, sizeof(sink_share), "%.12f", (kSinks + 0.5) / kFp16);
+  return {absl::StrCat("--capacity=", capacity), absl::StrCat("--fp16_share=", share),
+          absl::StrCat("--sink_share=", sink_share), absl::StrCat("--tenant_salt_secret=", kSecret)};
+}
+
+// Prefills and releases `n` prompts of `tiles` tiles (tokens from `*first` on, which it
+// advances): churn that makes a small pool evict.
+absl::Status Churn(Session& s, uint32_t* first, int n, size_t tiles = 4) {
+  for (int i = 0; i < n; ++i, *first += 1000) {
+    uint64_t seq = 0;
+    if (absl::Status st = Prefill(s, Prompt(*first, tiles), &seq).status(); !st.ok()) return st;
+    const uint64_t ids[] = {seq};
+    if (absl::Status st = s.Release(ids); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
 std::string DiskPath(const std::string& dir, const BlockHash& h) {
   const std::string hex = HashToHex(h);
   return dir + "/" + hex.substr(0, 2) + "/" + hex + ".kvb";
@@ -655,22 +684,10 @@ TEST_F(TiersTest, WarmRestartServesTheDiskTierAndRejectsDamagedFiles) {
 // 6. Under eviction a small pool hands its blocks to the disk tier, from which a prompt that
 //    left the pool is adopted again with the same bytes.
 TEST_F(TiersTest, EvictedPromptComesBackFromTheDiskTier) {
-  Preset p;
-  ASSERT_TRUE(ParsePreset(SmallLayout().preset, &p).ok());
-  const Layout l = SmallLayout();
-  const uint64_t qbytes = uint64_t{l.num_layers} * l.num_kv_heads * p.RecordBytes(static_cast<int>(l.head_dim));
-  const uint64_t fbytes = uint64_t{l.num_layers} * l.num_kv_heads * 2 * kTile * l.head_dim * 2;
-  // 8 quantized blocks; 6 fp16 blocks: 4 sinks, 2 tail slots (the session's). Quantized blocks
-  // run out before sinks do, so A loses its quantized blocks first, its sink later.
-  constexpr uint32_t kQuant = 8, kFp16 = 6, kSinks = 4;
-  const uint64_t capacity = kQuant * qbytes + kFp16 * fbytes;
-  char share[64], sink_share[64];
-  std::snprintf(share, sizeof(share), "%.12f", (static_cast<double>(kFp16 * fbytes) + 0.5) / static_cast<double>(capacity));
-  std::snprintf(sink_share, sizeof(sink_share), "%.12f", (kSinks + 0.5) / kFp16);
   TempDir tier_dir;
-  Daemon* d = StartDaemon({absl::StrCat("--capacity=", capacity), absl::StrCat("--fp16_share=", share),
-                           absl::StrCat("--sink_share=", sink_share), "--disk_tier_dir=" + tier_dir.path() + "/tier",
-                           absl::StrCat("--tenant_salt_secret=", kSecret)});
+  std::vector<std::string> flags = SmallPoolFlags();
+  flags.push_back("--disk_tier_dir=" + tier_dir.path() + "/tier");
+  Daemon* d = StartDaemon(flags);
   ASSERT_NE(d, nullptr);
   auto client = Connect(*d);
   ASSERT_NE(client, nullptr);
@@ -723,6 +740,185 @@ TEST_F(TiersTest, EvictedPromptComesBackFromTheDiskTier) {
   Report(absl::StrCat("disk tier under eviction: A left a pool of ", kQuant, " quantized and ", kSinks, " sink blocks after ", others,
                       " other prompts; ", after.spilled_blocks(), " blocks spilled; A adopted again from disk, ",
                       q.cached_tokens, " tokens byte-identical"));
+}
+
+}  // namespace
+}  // namespace kvarn::it
+
+namespace kvarn::it {
+namespace {
+
+// 7. A block onboarded from the disk tier and later dropped by the disk tier's own LRU (while
+//    the pool holds it) goes back to disk when the pool evicts it: the pool and the disk
+//    together keep holding the prefix. (Before KvCore::OnTierEvent cleared the block's
+//    in_tiers bit on the tier's removal, SpillBeforeEvict skipped the disk for it, and so
+//    did SpillAll on stop: the most recently used prefix was lost from every tier.)
+TEST_F(TiersTest, BlockDroppedByTheDiskLruGoesBackToDiskWhenThePoolEvictsIt) {
+  TempDir tier_dir;
+  const std::string dir = tier_dir.path() + "/tier";
+  std::vector<std::string> flags = SmallPoolFlags();
+  flags.push_back("--disk_tier_dir=" + dir);
+  flags.push_back("--disk_tier_bytes=1MiB");  // about 10 prompts of the small layout
+  Daemon* d = StartDaemon(flags);
+  ASSERT_NE(d, nullptr);
+  auto client = Connect(*d);
+  ASSERT_NE(client, nullptr);
+  IT_ASSIGN_OR_FAIL(s, Open(*client, "team-l", /*max_sequences=*/2));
+  constexpr size_t kTiles = 4;
+  const std::vector<uint32_t> x = Prompt(200000, kTiles);
+  const std::vector<BlockHash> hx = Hashes(*s, x);
+  uint32_t first = 300000;
+  {
+    uint64_t seq = 0;
+    ASSERT_TRUE(Prefill(*s, x, &seq).ok());
+    const uint64_t ids[] = {seq};
+    IT_ASSERT_OK(s->Release(ids));
+  }
+  // X leaves the pool for the disk...
+  for (int i = 0; i < 12; ++i) {
+    IT_ASSIGN_OR_FAIL(look, s->LookupTiers(x));
+    if (look.pool_tokens() == 0) break;
+    IT_ASSERT_OK(Churn(*s, &first, 1));
+  }
+  IT_ASSIGN_OR_FAIL(look0, s->LookupTiers(x));
+  ASSERT_EQ(TierTokens(look0, "disk"), kTiles * kTile);
+  // ... comes back (onboarded, held) ...
+  IT_ASSIGN_OR_FAIL(q, s->CreateSequence(x));
+  ASSERT_EQ(q.cached_tokens, kTiles * kTile);
+  // ... and while the pool holds it the disk tier's LRU drops its files (others pass through).
+  int churned = 0;
+  const auto files_left = [&] {
+    int n = 0;
+    for (const BlockHash& h : hx) n += std::filesystem::exists(DiskPath(dir, h));
+    return n;
+  };
+  for (; churned < 60 && files_left() > 0; ++churned) IT_ASSERT_OK(Churn(*s, &first, 1));
+  ASSERT_EQ(files_left(), 0) << "the disk tier kept X's files after " << churned << " prompts";
+  EXPECT_GT(TierStats(*s, "disk").evicted_blocks(), 0u);
+  // Now the pool lets X go: it must land on disk again.
+  {
+    const uint64_t ids[] = {q.id};
+    IT_ASSERT_OK(s->Release(ids));
+  }
+  for (int i = 0; i < 12; ++i) {
+    IT_ASSIGN_OR_FAIL(look, s->LookupTiers(x));
+    EXPECT_EQ(look.pool_tokens() + TierTokens(look, "disk"), kTiles * kTile)
+        << "X's blocks evicted from the pool did not go back to the disk tier (pool " << look.pool_tokens() << ", disk "
+        << TierTokens(look, "disk") << " tokens)";
+    if (look.pool_tokens() == 0) break;
+    IT_ASSERT_OK(Churn(*s, &first, 1));
+  }
+}
+
+}  // namespace
+}  // namespace kvarn::it
+
+namespace kvarn::it {
+namespace {
+
+// 8. A hung memcached server (SIGSTOP: the kernel accepts, nothing answers) is a miss within
+//    the tier's timeout, never an error and never a call stuck on it.
+TEST_F(TiersTest, HungServerIsAMissWithinTheTimeout) {
+  ASSERT_NO_FATAL_FAILURE(StartMemcached());
+  Node n1, n2;
+  ASSERT_NO_FATAL_FAILURE(StartNode(n1, "team-h"));
+  ASSERT_NO_FATAL_FAILURE(StartNode(n2, "team-h", {"--memcached_timeout_ms=250"}));
+  constexpr size_t kTiles = 12;
+  const std::vector<uint32_t> prompt = Prompt(110000, kTiles);
+  ASSERT_TRUE(Prefill(*n1.session, prompt).ok());
+  IT_ASSERT_OK(AwaitWritten(*n1.session, "memcached", kTiles));
+  const std::vector<BlockHash> hashes = Hashes(*n1.session, prompt);
+  std::vector<int> server(kTiles);
+  for (size_t i = 0; i < kTiles; ++i) {
+    IT_ASSIGN_OR_FAIL(s, McFind(*memcached_, Key(hashes[i])));
+    ASSERT_GE(s, 0);
+    server[i] = s;
+  }
+  size_t first_lost = 0;
+  for (size_t i = 1; i < kTiles && first_lost == 0; ++i) {
+    if (server[i] != server[0]) first_lost = i;
+  }
+  ASSERT_GT(first_lost, 0u);
+  memcached_->Pause(server[first_lost]);
+  double t0 = NowMs();
+  IT_ASSIGN_OR_FAIL(look, n2.session->LookupTiers(prompt));
+  const double lookup_ms = NowMs() - t0;
+  t0 = NowMs();
+  IT_ASSIGN_OR_FAIL(q, n2.session->CreateSequence(prompt));
+  const double create_ms = NowMs() - t0;
+  memcached_->Resume(server[first_lost]);
+  EXPECT_EQ(TierTokens(look, "memcached"), first_lost * kTile);
+  EXPECT_EQ(q.cached_tokens, first_lost * kTile);
+  // One block on the hung server is asked for per call: a few poll timeouts at most.
+  EXPECT_LT(lookup_ms, 2000) << "Lookup waited on the hung server";
+  EXPECT_LT(create_ms, 2000) << "CreateSequence waited on the hung server";
+  const v1::StatsResponse::Tier r2 = TierStats(*n2.session, "memcached");
+  EXPECT_GE(r2.errors(), 1u);
+  EXPECT_EQ(r2.onboarded_blocks(), first_lost);
+  Report(absl::StrCat("hung memcached server: Lookup ", lookup_ms, " ms, CreateSequence ", create_ms,
+                      " ms (timeout 250 ms), adopted ", q.cached_tokens, " tokens"));
+}
+
+// 9. With every memcached server dead, both nodes keep serving (writes dropped and counted,
+//    reads miss) and a node still stops promptly: its tier does not hold the stop for
+//    tier_stop_ms.
+TEST_F(TiersTest, AllServersDeadCostOnlyMissesAndStopStaysPrompt) {
+  ASSERT_NO_FATAL_FAILURE(StartMemcached());
+  Node n1, n2;
+  ASSERT_NO_FATAL_FAILURE(StartNode(n1, "team-d"));
+  ASSERT_NO_FATAL_FAILURE(StartNode(n2, "team-d"));
+  for (int i = 0; i < memcached_->size(); ++i) memcached_->Kill(i);
+  constexpr size_t kTiles = 6;
+  const std::vector<uint32_t> prompt = Prompt(120000, kTiles);
+  IT_ASSIGN_OR_FAIL(t1, Prefill(*n1.session, prompt));
+  EXPECT_EQ(t1.tokens, prompt.size());
+  // The writes fail inside the tier: wait until it has given up on all of them.
+  const double deadline = NowMs() + 20000;
+  v1::StatsResponse::Tier w1;
+  for (;;) {
+    w1 = TierStats(*n1.session, "memcached");
+    if (w1.queued_blocks() == 0 && w1.dropped_writes() + w1.written_blocks() >= kTiles) break;
+    ASSERT_LT(NowMs(), deadline) << w1.DebugString();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(w1.written_blocks(), 0u);
+  EXPECT_EQ(w1.dropped_writes(), kTiles);
+  EXPECT_GE(w1.errors(), kTiles);
+  IT_ASSIGN_OR_FAIL(look, n2.session->LookupTiers(prompt));
+  EXPECT_EQ(look.cached_tokens(), 0u);
+  IT_ASSIGN_OR_FAIL(q2, n2.session->CreateSequence(prompt));
+  EXPECT_EQ(q2.cached_tokens, 0u);
+  IT_ASSIGN_OR_FAIL(t2, AppendTokens(*n2.session, q2.id, prompt, 0, prompt.size()));
+  EXPECT_EQ(t2.tokens, prompt.size());
+  EXPECT_GE(TierStats(*n2.session, "memcached").errors(), 1u);
+  // Sessions closed first, so the stop does not wait out drain_ms for them.
+  n1.session.reset();
+  const double t0 = NowMs();
+  ASSERT_NO_FATAL_FAILURE(StopCleanly(n1.daemon));
+  const double stop_ms = NowMs() - t0;
+  EXPECT_LT(stop_ms, 5000) << "the stop waited on dead memcached servers";
+  Report(absl::StrCat("all memcached servers dead: node 1 dropped ", w1.dropped_writes(), " writes (", w1.errors(),
+                      " errors), node 2 adopted 0 tokens, every call succeeded; node 1 stopped in ", stop_ms, " ms"));
+}
+
+// 10. Two kvarnd never share a disk tier's directory: the second one refuses to start, naming
+//     it, and the first keeps serving.
+TEST_F(TiersTest, SecondDaemonOnTheSameDiskDirectoryRefusesToStart) {
+  TempDir tier_dir;
+  const std::string flag = "--disk_tier_dir=" + tier_dir.path() + "/tier";
+  Daemon* first = StartDaemon({flag, absl::StrCat("--tenant_salt_secret=", kSecret)});
+  ASSERT_NE(first, nullptr);
+  DaemonOptions o;
+  o.extra_flags = {flag, absl::StrCat("--tenant_salt_secret=", kSecret)};
+  auto second = Daemon::Start(o);
+  ASSERT_FALSE(second.ok()) << "a second kvarnd opened the same disk tier";
+  EXPECT_THAT(std::string(second.status().message()), ::testing::HasSubstr("disk tier"));
+  EXPECT_THAT(std::string(second.status().message()), ::testing::HasSubstr(tier_dir.path()));
+  auto client = Connect(*first);
+  ASSERT_NE(client, nullptr);
+  IT_ASSIGN_OR_FAIL(s, Open(*client, "team-x"));
+  IT_ASSIGN_OR_FAIL(t, Prefill(*s, Prompt(130000, 2)));
+  EXPECT_EQ(t.quant_blocks.size(), 1u);
 }
 
 }  // namespace
