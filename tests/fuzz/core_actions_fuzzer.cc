@@ -1,7 +1,9 @@
 // libFuzzer over sequences of core actions: sessions opened, closed, expired (a fake clock
 // moves), streams attached and detached, sequences created, appended (inline, staged in the
 // shared tail, batched), forked, released, read, looked up, evicted, watchers taken, memory
-// lent, tenants reconfigured; random sizes, ids and payloads (NaN included). After every
+// lent, tenants reconfigured, blocks spilled to a tier below the pool and onboarded back (the
+// tier's records corrupted, truncated, swapped or dropped behind the core's back); random
+// sizes, ids and payloads (NaN included). After every
 // action the core's CheckInvariants must hold and an expected-state model (kept here, outside
 // the core) must agree with what the core reports: the sessions and sequences that exist, each
 // sequence's token count, and that a session is ended exactly when its lease says so.
@@ -21,6 +23,7 @@
 
 #include "daemon/core/kv_core.h"
 #include "kernels/fp16.h"
+#include "tests/daemon/core/map_tier.h"
 
 namespace kvarn {
 namespace {
@@ -31,10 +34,12 @@ namespace {
 }
 
 // Actions run over the whole fuzzing session, printed at exit (the figure).
-uint64_t g_actions = 0, g_inputs = 0;
+uint64_t g_actions = 0, g_inputs = 0, g_spilled = 0, g_onboarded = 0;
 void PrintActions() {
-  std::fprintf(stderr, "core_actions_fuzzer: %llu actions in %llu inputs, invariants and model checked after each\n",
-               static_cast<unsigned long long>(g_actions), static_cast<unsigned long long>(g_inputs));
+  std::fprintf(stderr, "core_actions_fuzzer: %llu actions in %llu inputs, invariants and model checked after each; "
+               "%llu blocks spilled to the tier, %llu onboarded from it\n",
+               static_cast<unsigned long long>(g_actions), static_cast<unsigned long long>(g_inputs),
+               static_cast<unsigned long long>(g_spilled), static_cast<unsigned long long>(g_onboarded));
 }
 
 void Expect(bool cond, const std::string& what) {
@@ -124,11 +129,20 @@ class Harness {
     if (!core.ok()) Fail(core.status().ToString());
     core_ = std::move(*core);
     fbytes_ = f;
+    tier_ = std::make_unique<testing::MapTier>(core_->tier_identity(), TierWrite::kOnEvict);
+    core_->SetTiers({tier_.get()});
+  }
+
+  void CountTierTraffic() {
+    auto st = core_->Stats(std::nullopt);
+    if (!st.ok() || st->tiers.empty()) return;
+    g_spilled += st->tiers[0].spilled_blocks;
+    g_onboarded += st->tiers[0].onboarded_blocks;
   }
 
   void Run(FuzzedDataProvider& in) {
     for (int step = 0; step < 400 && in.remaining_bytes() > 0; ++step) {
-      const int op = in.ConsumeIntegralInRange<int>(0, 19);
+      const int op = in.ConsumeIntegralInRange<int>(0, 22);
       Act(op, in);
       ++g_actions;
       const absl::Status inv = core_->CheckInvariants();
@@ -468,6 +482,52 @@ class Harness {
         if (r.ok()) sessions_[r->session] = ModelSession{SessionRef{r->session, core_->epoch(), r->secret}, 0, 0, false, {}};
         break;
       }
+      case 19: {  // the tier's records changed behind the core's back: it must never serve them
+        if (tier_->records.empty()) break;
+        auto it = tier_->records.begin();
+        std::advance(it, in.ConsumeIntegralInRange<size_t>(0, tier_->records.size() - 1));
+        std::string& rec = it->second;
+        if (rec.empty()) {
+          tier_->records.erase(it);
+          break;
+        }
+        switch (in.ConsumeIntegralInRange<int>(0, 3)) {
+          case 0: rec[in.ConsumeIntegralInRange<size_t>(0, rec.size() - 1)] ^= static_cast<char>(1 + in.ConsumeIntegral<uint8_t>() % 255); break;
+          case 1: rec.resize(in.ConsumeIntegralInRange<size_t>(0, rec.size() - 1)); break;
+          case 2: rec = tier_->records.begin()->second; break;  // another block's record under this key
+          default: tier_->records.erase(it); break;
+        }
+        break;
+      }
+      case 20: {  // a stopping daemon's spill: the pool's blocks go to the tier
+        const uint64_t before = tier_->puts;
+        const uint64_t handed = core_->SpillAll(absl::InfiniteFuture());
+        Expect(tier_->puts - before == handed, "SpillAll counted blocks the tier did not take");
+        break;
+      }
+      case 21: {  // a prompt prefilled with its own token ids, so that the same prompt hits later
+        ModelSession* s = PickSession(in);
+        if (s == nullptr) break;
+        const std::vector<uint32_t> prompt = Prompt(in);
+        auto r = core_->CreateSequence(s->ref, prompt);
+        if (!r.ok()) break;
+        s->seqs.insert(r->sequence);
+        seqs_[r->sequence] = ModelSequence{s->ref.session, r->cached_tokens};
+        for (uint64_t pos = r->cached_tokens; pos < prompt.size();) {
+          const size_t n = std::min<size_t>(prompt.size() - pos, kTile - pos % kTile);
+          const std::vector<uint32_t> ids(prompt.begin() + static_cast<long>(pos), prompt.begin() + static_cast<long>(pos + n));
+          std::vector<float> k(n * kLayers * kHeads * kDim), v(k.size());
+          for (size_t i = 0; i < k.size(); ++i) {
+            k[i] = static_cast<float>((i * 13 + ids[i % n]) % 23) * 0.2f - 2.0f;
+            v[i] = static_cast<float>((i * 5 + ids[i % n]) % 11) * 0.4f - 2.0f;
+          }
+          auto a = core_->AppendInline(s->ref, r->sequence, ids, k.data(), v.data(), DType::kF32);
+          if (!a.ok()) break;
+          pos += n;
+          seqs_[r->sequence].tokens = pos;
+        }
+        break;
+      }
       default: {  // table of a sequence
         ModelSession* s = PickSession(in);
         if (s == nullptr) break;
@@ -503,6 +563,7 @@ class Harness {
   TailBackend backend_;
   FakeClock clock_;
   std::unique_ptr<KvCore> core_;
+  std::unique_ptr<testing::MapTier> tier_;  // goes before the core, which never calls it as it goes
   uint64_t fbytes_ = 0;
   bool configured_ = false;
   bool tails_scribbled_ = false;  // some tail was written behind the core's back
@@ -524,5 +585,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider in(data, size);
   kvarn::Harness h;
   h.Run(in);
+  h.CountTierTraffic();
   return 0;
 }
