@@ -1,4 +1,4 @@
-#include "client/lib/prefix_index.h"
+#include "client/lib/endpoint_index.h"
 
 #include <cstring>
 
@@ -42,34 +42,34 @@ TierTokens MatchPlaces(std::span<const uint8_t> places, uint32_t tile_tokens) {
   return t;
 }
 
-size_t PrefixIndex::HashOf::operator()(const BlockHash& h) const {
+size_t EndpointIndex::HashOf::operator()(const BlockHash& h) const {
   size_t v;  // the hash is SHA-256 output: any 8 of its bytes are uniform
   std::memcpy(&v, h.data(), sizeof v);
   return v;
 }
 
-void PrefixIndex::Stored(const BlockHash& hash, TierBit bit) { places_[hash] |= bit; }
+void EndpointIndex::Stored(const BlockHash& hash, TierBit bit) { places_[hash] |= bit; }
 
-void PrefixIndex::Removed(const BlockHash& hash, TierBit bit) {
+void EndpointIndex::Removed(const BlockHash& hash, TierBit bit) {
   auto it = places_.find(hash);
   if (it == places_.end()) return;
   it->second &= static_cast<uint8_t>(~bit);
   if (it->second == 0) places_.erase(it);
 }
 
-uint8_t PrefixIndex::PlacesOf(const BlockHash& hash) const {
+uint8_t EndpointIndex::PlacesOf(const BlockHash& hash) const {
   auto it = places_.find(hash);
   return it == places_.end() ? 0 : it->second;
 }
 
-std::vector<uint8_t> PrefixIndex::Places(std::span<const BlockHash> hashes) const {
+std::vector<uint8_t> EndpointIndex::Places(std::span<const BlockHash> hashes) const {
   std::vector<uint8_t> out;
   out.reserve(hashes.size());
   for (const BlockHash& h : hashes) out.push_back(PlacesOf(h));
   return out;
 }
 
-TierTokens PrefixIndex::Match(std::span<const BlockHash> hashes, uint32_t tile_tokens) const {
+TierTokens EndpointIndex::Match(std::span<const BlockHash> hashes, uint32_t tile_tokens) const {
   return MatchPlaces(Places(hashes), tile_tokens);
 }
 

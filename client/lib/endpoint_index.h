@@ -1,7 +1,7 @@
-// PrefixIndex: one kvarnd endpoint's cached blocks as a router learns them from Watch
+// EndpointIndex: one kvarnd endpoint's cached blocks as a router learns them from Watch
 // events, and the longest-prefix match of a prompt's block hashes against it. No gRPC and no
 // threads here (the Router, client/lib/router.h, feeds it and locks it), so the matching
-// rule is tested without a daemon (tests/client/lib/prefix_index_test.cc).
+// rule is tested without a daemon (tests/client/lib/endpoint_index_test.cc).
 //
 // The index maps a block's prefix hash (common/prefix_hash.h) to the set of places the
 // endpoint holds it: its pool, its disk tier, a remote tier (memcached). A stored event adds
@@ -12,8 +12,12 @@
 // tier that holds it, local disk before remote. It stops at the first block held nowhere.
 //
 // Thread safety: none; the caller serializes access.
-#ifndef KVARN_CLIENT_LIB_PREFIX_INDEX_H_
-#define KVARN_CLIENT_LIB_PREFIX_INDEX_H_
+//
+// Named apart from the daemon's PrefixIndex (daemon/core/prefix_index.h): tests link the
+// client and an in-process daemon into one binary, where two classes of one name would be
+// merged by the linker (tests/client/lib/odr_test.cc).
+#ifndef KVARN_CLIENT_LIB_ENDPOINT_INDEX_H_
+#define KVARN_CLIENT_LIB_ENDPOINT_INDEX_H_
 
 #include <cstdint>
 #include <span>
@@ -54,7 +58,7 @@ std::vector<BlockHash> PromptBlockHashes(const BlockHash& ns, uint32_t tile_toke
 // masks): the pool's run from the start, then the tiers' continuation.
 TierTokens MatchPlaces(std::span<const uint8_t> places, uint32_t tile_tokens);
 
-class PrefixIndex {
+class EndpointIndex {
  public:
   // Applies one event: stored adds `bit` to the hash's places, removed takes it away.
   void Stored(const BlockHash& hash, TierBit bit);
@@ -79,4 +83,4 @@ class PrefixIndex {
 
 }  // namespace kvarn
 
-#endif  // KVARN_CLIENT_LIB_PREFIX_INDEX_H_
+#endif  // KVARN_CLIENT_LIB_ENDPOINT_INDEX_H_

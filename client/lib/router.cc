@@ -60,7 +60,7 @@ struct Router::Endpoint {
   std::shared_ptr<Connection> conn ABSL_GUARDED_BY(mu);
   // The open stream's context, for the destructor's TryCancel.
   grpc::ClientContext* watch_ctx ABSL_GUARDED_BY(mu) = nullptr;
-  PrefixIndex blocks ABSL_GUARDED_BY(mu);
+  EndpointIndex blocks ABSL_GUARDED_BY(mu);
   IndexState state ABSL_GUARDED_BY(mu) = IndexState::kDisconnected;
   uint64_t events ABSL_GUARDED_BY(mu) = 0;
   uint64_t streams ABSL_GUARDED_BY(mu) = 0;

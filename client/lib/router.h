@@ -8,8 +8,8 @@
 //   // ranked[0].endpoint is where to send the request.
 //
 // Per endpoint the Router holds a Client and an observer session (no tail slots), and a
-// thread that keeps a Watch stream open and applies its events to a local PrefixIndex
-// (client/lib/prefix_index.h): stored adds the block's tier, removed takes it away.
+// thread that keeps a Watch stream open and applies its events to a local EndpointIndex
+// (client/lib/endpoint_index.h): stored adds the block's tier, removed takes it away.
 //
 // Where answers come from. Watch only reports changes after the stream starts, so an index
 // is trusted only when it is known complete: its stream's first event was the endpoint's
@@ -58,7 +58,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/lib/client.h"
-#include "client/lib/prefix_index.h"
+#include "client/lib/endpoint_index.h"
 #include "common/mutex.h"
 
 namespace kvarn {

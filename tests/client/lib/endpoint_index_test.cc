@@ -1,6 +1,6 @@
-// The router's local index (client/lib/prefix_index.h): hashing a prompt as kvarnd does and
+// The router's local index (client/lib/endpoint_index.h): hashing a prompt as kvarnd does and
 // matching its longest cached prefix by tier, without a daemon.
-#include "client/lib/prefix_index.h"
+#include "client/lib/endpoint_index.h"
 
 #include <gtest/gtest.h>
 
@@ -88,8 +88,8 @@ TEST(MatchPlacesTest, NothingCachedIsZero) {
   EXPECT_EQ(MatchPlaces(none, kTile).total(), 0u);
 }
 
-TEST(PrefixIndexTest, StoredAndRemovedTrackEachTier) {
-  PrefixIndex index;
+TEST(EndpointIndexTest, StoredAndRemovedTrackEachTier) {
+  EndpointIndex index;
   const std::vector<BlockHash> h = PromptBlockHashes(Ns(0), kTile, Prompt(3 * kTile + 1));
   for (const BlockHash& b : h) index.Stored(b, kInPool);
   EXPECT_EQ(index.size(), 3u);
@@ -119,8 +119,8 @@ TEST(PrefixIndexTest, StoredAndRemovedTrackEachTier) {
   EXPECT_EQ(index.Match(h, kTile).total(), 0u);
 }
 
-TEST(PrefixIndexTest, SharedPrefixMatchesHalf) {
-  PrefixIndex index;
+TEST(EndpointIndexTest, SharedPrefixMatchesHalf) {
+  EndpointIndex index;
   const std::vector<uint32_t> p1 = Prompt(8 * kTile + 1);
   for (const BlockHash& b : PromptBlockHashes(Ns(0), kTile, p1)) index.Stored(b, kInPool);
   // The first half of p1, then other tokens.
