@@ -338,10 +338,11 @@ absl::StatusOr<uint64_t> Session::Lookup(std::span<const uint32_t> prompt) {
   return r->cached_tokens();
 }
 
-absl::StatusOr<v1::LookupResponse> Session::LookupTiers(std::span<const uint32_t> prompt) {
+absl::StatusOr<v1::LookupResponse> Session::LookupTiers(std::span<const uint32_t> prompt, bool prefetch) {
   v1::LookupRequest req;
   *req.mutable_session() = Ref();
   SetIds(prompt, req.mutable_prompt_tokens());
+  req.set_prefetch(prefetch);
   v1::LookupResponse resp;
   grpc::ClientContext ctx;
   if (absl::Status s = Check(client_->stub().Lookup(Prepare(&ctx), req, &resp)); !s.ok()) return s;

@@ -166,7 +166,8 @@ class Session {
   absl::StatusOr<SequenceInfo> CreateSequence(std::span<const uint32_t> prompt);
   absl::StatusOr<uint64_t> Lookup(std::span<const uint32_t> prompt);
   // Lookup's whole reply: the prefix by tier (the pool's, then each tier's continuation).
-  absl::StatusOr<v1::LookupResponse> LookupTiers(std::span<const uint32_t> prompt);
+  // `prefetch` onboards what the tiers hold into the pool first (LookupRequest.prefetch).
+  absl::StatusOr<v1::LookupResponse> LookupTiers(std::span<const uint32_t> prompt, bool prefetch = false);
   // The session's prefix-hash namespace (common/prefix_hash.h): a prompt's block hashes are
   // ChainHash over it, as Watch events name them. Empty from a daemon that does not say.
   const std::string& prefix_namespace() const { return prefix_namespace_; }

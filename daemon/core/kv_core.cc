@@ -547,10 +547,17 @@ absl::StatusOr<CreateResult> KvCore::CreateSequence(const SessionRef& ref, std::
   return r;
 }
 
-absl::StatusOr<LookupResult> KvCore::Lookup(const SessionRef& ref, std::span<const uint32_t> prompt) {
+absl::StatusOr<LookupResult> KvCore::Lookup(const SessionRef& ref, std::span<const uint32_t> prompt, bool prefetch) {
   auto hashed = PromptHashes(ref, prompt);
   if (!hashed.ok()) return hashed.status();
   const std::vector<BlockHash>& hashes = hashed->hashes;
+  if (prefetch) {
+    std::vector<BlockRef> pins = OnboardPrefix(ref, hashes);
+    if (!pins.empty()) {
+      Locked lock(this);
+      Unpin(pins);
+    }
+  }
   const uint64_t g = static_cast<uint64_t>(preset_.tile_tokens);
   LookupResult r;
   size_t i = 0;

@@ -141,9 +141,11 @@ class KvCore {
   // Sequences. The prompt's cached prefix is adopted: the pool's, continued by blocks
   // onboarded from the tiers (fetched and validated outside the lock) before the reply.
   absl::StatusOr<CreateResult> CreateSequence(const SessionRef& ref, std::span<const uint32_t> prompt);
-  // How many prompt tokens CreateSequence would adopt now, by tier; moves no block. Renews
+  // How many prompt tokens CreateSequence would adopt now, by tier. With `prefetch`, the
+  // blocks the tiers hold are onboarded first (left cached in the pool, held by nobody), so a
+  // router can warm a node before it sends the request; otherwise no block moves. Renews
   // nothing.
-  absl::StatusOr<LookupResult> Lookup(const SessionRef& ref, std::span<const uint32_t> prompt);
+  absl::StatusOr<LookupResult> Lookup(const SessionRef& ref, std::span<const uint32_t> prompt, bool prefetch = false);
   // Commits token_ids.size() tokens already written into the tail slot.
   absl::StatusOr<AppendResult> Append(const SessionRef& ref, SequenceId seq, std::span<const uint32_t> token_ids);
   // Many appends of one session. The outer status is the session's (unknown, stale epoch,

@@ -340,7 +340,7 @@ grpc::Status KvService::Release(grpc::ServerContext*, const v1::ReleaseRequest* 
 
 grpc::Status KvService::Lookup(grpc::ServerContext*, const v1::LookupRequest* req, v1::LookupResponse* resp) {
   return Timed("Lookup", [&] {
-    auto r = core_->Lookup(FromProto(req->session()), Ids(req->prompt_tokens()));
+    auto r = core_->Lookup(FromProto(req->session()), Ids(req->prompt_tokens()), req->prefetch());
     if (!r.ok()) return ToGrpc(r.status());
     resp->set_cached_tokens(r->total_tokens());
     resp->set_pool_tokens(r->pool_tokens);

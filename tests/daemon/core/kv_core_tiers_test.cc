@@ -96,6 +96,28 @@ TEST_F(CoreTiersTest, AnEvictedPrefixComesBackFromTheTierWithTheSameBytes) {
   EXPECT_TRUE(core_->CheckInvariants().ok()) << core_->CheckInvariants();
 }
 
+TEST_F(CoreTiersTest, ALookupWithPrefetchOnboardsAndHoldsNothing) {
+  MakeTieredCore(TierWrite::kOnEvict);
+  SessionRef s = Open("t");
+  const std::vector<uint32_t> a = Tokens(1000, 4 * 64 + 1);
+  Fill(s, a);
+  Fill(s, Tokens(50000, 4 * 64 + 1));
+  auto plain = core_->Lookup(s, a);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->pool_tokens, 0u) << "a plain Lookup moves no block";
+  auto warm = core_->Lookup(s, a, /*prefetch=*/true);
+  ASSERT_TRUE(warm.ok());
+  EXPECT_EQ(warm->pool_tokens, 4u * 64);
+  EXPECT_EQ(TierTokens(*warm), 0u);
+  const CoreStats st = core_->Stats(std::nullopt).value();
+  EXPECT_EQ(st.quant_active + st.sink_active, 0u) << "prefetched blocks are cached, held by nobody";
+  EXPECT_EQ(st.quant_cached + st.sink_cached, 4u);
+  auto q = core_->CreateSequence(s, a);
+  ASSERT_TRUE(q.ok());
+  EXPECT_EQ(q->cached_tokens, 4u * 64);
+  EXPECT_EQ(tier_->gets, 4u) << "the sequence found the prefetched blocks in the pool";
+}
+
 TEST_F(CoreTiersTest, ABlockOnboardedFromTheTierIsNotWrittenBackWhenEvictedAgain) {
   MakeTieredCore(TierWrite::kOnEvict);
   SessionRef s = Open("t");
