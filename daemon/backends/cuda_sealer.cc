@@ -286,33 +286,27 @@ absl::Status CudaSealer::CopyTail(const uint8_t* src, uint8_t* dst, int tokens) 
 }
 
 absl::Status CudaSealer::ExportBlock(const uint8_t* block, bool fp16, uint8_t* out) {
-  ScopedDevice scope(device_);
-  if (!scope.status().ok()) return scope.status();
-  absl::StatusOr<LaneLease> lease = Acquire();
-  if (!lease.ok()) return lease.status();
-  Lane& lane = **lease;
-  const size_t bytes = fp16 ? layout_.fp16_block_bytes() : layout_.quant_block_bytes();
-  if (absl::Status s = CudaStatus(cudaMemcpyAsync(out, block, bytes, cudaMemcpyDeviceToHost, lane.stream),
-                                  "exporting a block");
-      !s.ok()) {
-    return s;
-  }
-  return lane.Sync();
+  return CopyBlock(out, block, fp16, /*import=*/false);
 }
 
 absl::Status CudaSealer::ImportBlock(const uint8_t* in, bool fp16, uint8_t* block) {
+  return CopyBlock(block, in, fp16, /*import=*/true);
+}
+
+absl::Status CudaSealer::CopyBlock(uint8_t* dst, const uint8_t* src, bool fp16, bool import) {
   ScopedDevice scope(device_);
   if (!scope.status().ok()) return scope.status();
   absl::StatusOr<LaneLease> lease = Acquire();
   if (!lease.ok()) return lease.status();
   Lane& lane = **lease;
   const size_t bytes = fp16 ? layout_.fp16_block_bytes() : layout_.quant_block_bytes();
-  if (absl::Status s = CudaStatus(cudaMemcpyAsync(block, in, bytes, cudaMemcpyHostToDevice, lane.stream),
-                                  "importing a block");
+  const cudaMemcpyKind kind = import ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+  if (absl::Status s = CudaStatus(cudaMemcpyAsync(dst, src, bytes, kind, lane.stream),
+                                  import ? "importing a block" : "exporting a block");
       !s.ok()) {
     return s;
   }
-  if (fp16) return Scan(lane, block, 0, layout_.tile_tokens);
+  if (import && fp16) return Scan(lane, dst, 0, layout_.tile_tokens);
   return lane.Sync();
 }
 

@@ -70,6 +70,9 @@ class CudaSealer final : public Sealer {
 
   // Scans tokens [first, first + count) of every (layer, head) of an fp16 slot on `lane`.
   absl::Status Scan(Lane& lane, const uint8_t* slot, int first, int count);
+  // A whole block between host and device memory (ExportBlock, ImportBlock: `import` copies
+  // host to device and scans an fp16 block as a sealed sink is).
+  absl::Status CopyBlock(uint8_t* dst, const uint8_t* src, bool fp16, bool import);
   // Decodes the (layer, head) record of a quantized block into the lane's device scratch
   // (keys then values, [G][D] f32 each) in `frame`, and checks its status.
   absl::Status DecodeRecord(Lane& lane, const uint8_t* block, int layer, int head, Frame frame);
