@@ -181,6 +181,38 @@ TEST_F(CudaBackendTest, SealerMatchesTheCpuSealer) {
   EXPECT_EQ(gpu->SealQuantized(tail->data(), quant->data()).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(CudaBackendTest, ExportAndImportMoveWholeBlocksAndImportScansSinks) {
+  CpuSealer cpu(preset_, layout_);
+  std::unique_ptr<Sealer> gpu = backend_->MakeSealerFactory(1)(preset_, layout_);
+  const size_t fbb = layout_.fp16_block_bytes(), qbb = layout_.quant_block_bytes();
+  auto quant = Make(RegionKind::kQuant, 2 * qbb);
+  auto sink = Make(RegionKind::kSink, 2 * fbb);
+  ASSERT_TRUE(quant && sink);
+  const std::vector<uint8_t> slot = RandomSlot(3);
+  std::vector<uint8_t> record(qbb);
+  ASSERT_TRUE(cpu.SealQuantized(slot.data(), record.data()).ok());
+  // A tier's record into the device pool and back out: the same bytes, what the CPU holds.
+  ASSERT_TRUE(gpu->ImportBlock(record.data(), false, quant->data()).ok());
+  EXPECT_EQ(Download(quant->data(), qbb), record);
+  std::vector<uint8_t> out(qbb, 0);
+  ASSERT_TRUE(gpu->ExportBlock(quant->data(), false, out.data()).ok());
+  EXPECT_EQ(out, record);
+  ASSERT_TRUE(gpu->ImportBlock(slot.data(), true, sink->data()).ok());
+  std::vector<uint8_t> sink_out(fbb, 0);
+  ASSERT_TRUE(gpu->ExportBlock(sink->data(), true, sink_out.data()).ok());
+  EXPECT_EQ(sink_out, slot);
+  // An fp16 block with NaN is refused on import, with the CPU's message.
+  std::vector<uint8_t> bad = slot;
+  const size_t at = layout_.Fp16KeysOffset(0, 1) + (3 * layout_.head_dim + 9) * 2;
+  bad[at] = 0x00;
+  bad[at + 1] = 0x7E;
+  std::vector<uint8_t> cpu_sink(fbb);
+  const absl::Status c = cpu.ImportBlock(bad.data(), true, cpu_sink.data());
+  const absl::Status g = gpu->ImportBlock(bad.data(), true, sink->data() + fbb);
+  EXPECT_EQ(g.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(g.message(), c.message());
+}
+
 TEST_F(CudaBackendTest, WriteTokensWritesTheCpuBytesAndNothingOnBadInput) {
   CpuSealer cpu(preset_, layout_);
   std::unique_ptr<Sealer> gpu = backend_->MakeSealerFactory(1)(preset_, layout_);
