@@ -134,5 +134,33 @@ TEST_F(RouterTest, TenantIndexProvenCompleteRanksFromWatchAndUnreachableLast) {
   EXPECT_EQ(ranked[0].cached_tokens, 2 * kTile);
 }
 
+TEST_F(RouterTest, DaemonGoneEndsTheStreamAndTheEndpointAnswersWithItsError) {
+  auto router = Router::Create(Options({h_->target()}));
+  ASSERT_TRUE(router.ok()) << router.status();
+  Router& r = **router;
+  ASSERT_TRUE(r.Await([&] { return r.Info(0).state != IndexState::kDisconnected; },
+                      absl::Now() + absl::Seconds(10)));
+  const std::vector<uint32_t> prompt = TestTokenIds(10, 2 * kTile + 1);
+  Prefill(prompt);
+  ASSERT_TRUE(r.Await([&] { return r.Info(0).state == IndexState::kComplete; },
+                      absl::Now() + absl::Seconds(10)));
+  const uint64_t streams = r.Info(0).streams;
+
+  // The daemon stops: the stream ends, the index is dropped, the thread retries with backoff
+  // (against nothing), and Rank answers at once with the error instead of a stale index.
+  h_.reset();
+  ASSERT_TRUE(r.Await([&] { return r.Info(0).state == IndexState::kDisconnected; },
+                      absl::Now() + absl::Seconds(10)));
+  EXPECT_EQ(r.Info(0).indexed_blocks, 0u);
+  EXPECT_FALSE(r.Info(0).last_error.ok());
+  const std::vector<RouteResult> ranked = r.Rank(prompt);
+  ASSERT_EQ(ranked.size(), 1u);
+  EXPECT_FALSE(ranked[0].status.ok());
+  EXPECT_EQ(ranked[0].source, RouteSource::kNone);
+  EXPECT_EQ(ranked[0].cached_tokens, 0u);
+  EXPECT_EQ(r.Info(0).streams, streams) << "no stream opens against a daemon that is gone";
+  // Destruction (the thread in a backoff wait or a connection attempt) ends the test.
+}
+
 }  // namespace
 }  // namespace kvarn::testing
