@@ -64,7 +64,9 @@ struct Flags {
   std::string dir = "/var/tmp";
   std::vector<uint32_t> chunk_kib = {512, 4096};
   std::string parts = "disk,memcached,two_nodes";  // which measurements run (sizes always)
-  bool Runs(const char* part) const { return ("," + parts + ",").find(std::string(",") + part + ",") != std::string::npos; }
+  bool Runs(const char* part) const {
+    return ("," + parts + ",").find(std::string(",") + part + ",") != std::string::npos;
+  }
 };
 
 Flags Parse(int argc, char** argv) {
@@ -92,7 +94,8 @@ Flags Parse(int argc, char** argv) {
     } else if (const char* v = value("--chunk_kib=")) {
       f.chunk_kib.clear();
       std::stringstream ss(v);
-      for (std::string t; std::getline(ss, t, ',');) f.chunk_kib.push_back(static_cast<uint32_t>(std::atoi(t.c_str())));
+      for (std::string t; std::getline(ss, t, ',');)
+        f.chunk_kib.push_back(static_cast<uint32_t>(std::atoi(t.c_str())));
     } else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       std::exit(2);
@@ -118,7 +121,8 @@ double Pct(std::vector<double> v, double p) {
 
 std::string Quantiles(const std::vector<double>& ms) {
   char buf[128];
-  std::snprintf(buf, sizeof(buf), "p50 %.3f  p90 %.3f  p99 %.3f ms", Pct(ms, 50), Pct(ms, 90), Pct(ms, 99));
+  std::snprintf(buf, sizeof(buf), "p50 %.3f  p90 %.3f  p99 %.3f ms", Pct(ms, 50), Pct(ms, 90),
+                Pct(ms, 99));
   return buf;
 }
 
@@ -158,8 +162,10 @@ Workload MakeWorkload(const Flags& f, const Preset& p, size_t blocks, uint32_t s
   model.preset = f.preset;
   model.sink_tokens = static_cast<uint32_t>(p.tile_tokens);
   const uint64_t qbytes = uint64_t(f.layers) * uint64_t(f.heads) * p.RecordBytes(f.head_dim);
-  w.fp16_bytes = 2ull * uint64_t(f.layers) * uint64_t(f.heads) * uint64_t(p.tile_tokens) * uint64_t(f.head_dim) * 2;
-  w.id = MakeTierIdentity(model, static_cast<uint32_t>(p.tile_tokens), qbytes, w.fp16_bytes, "bench-secret");
+  w.fp16_bytes = 2ull * uint64_t(f.layers) * uint64_t(f.heads) * uint64_t(p.tile_tokens) *
+                 uint64_t(f.head_dim) * 2;
+  w.id = MakeTierIdentity(model, static_cast<uint32_t>(p.tile_tokens), qbytes, w.fp16_bytes,
+                          "bench-secret");
   w.payload.resize(qbytes);
   std::mt19937_64 rng(42);
   for (size_t i = 0; i + 8 <= w.payload.size(); i += 8) {
@@ -179,7 +185,8 @@ Workload MakeWorkload(const Flags& f, const Preset& p, size_t blocks, uint32_t s
   std::vector<uint32_t> tokens(static_cast<size_t>(p.tile_tokens));
   BlockHash parent = kRootHash;
   for (size_t i = 0; i < blocks; ++i) {
-    for (size_t t = 0; t < tokens.size(); ++t) tokens[t] = static_cast<uint32_t>(i * tokens.size() + t);
+    for (size_t t = 0; t < tokens.size(); ++t)
+      tokens[t] = static_cast<uint32_t>(i * tokens.size() + t);
     parent = ChainHash(parent, ns, tokens);
     w.hashes.push_back(parent);
   }
@@ -198,10 +205,12 @@ double WriteAll(BlockTier& tier, const Workload& w, size_t count, uint64_t queue
     for (size_t j = i; j < std::min(count, i + batch); ++j) records.push_back(w.Record(j));
     building_ms += MsSince(b0);
     for (size_t k = 0; k < records.size(); ++k) {
-      if (!tier.Put(w.hashes[i + k], records[k], 0)) Die(absl::StrCat(std::string(tier.name()), " dropped a Put"));
+      if (!tier.Put(w.hashes[i + k], records[k], 0))
+        Die(absl::StrCat(std::string(tier.name()), " dropped a Put"));
     }
     i += records.size();
-    if (!tier.Flush(absl::Now() + absl::Seconds(120))) Die(absl::StrCat(std::string(tier.name()), " did not flush in 120 s"));
+    if (!tier.Flush(absl::Now() + absl::Seconds(120)))
+      Die(absl::StrCat(std::string(tier.name()), " did not flush in 120 s"));
   }
   return MsSince(t0) - building_ms;
 }
@@ -257,8 +266,8 @@ std::pair<uint64_t, uint64_t> CpuJiffies() {
   std::FILE* f = std::fopen("/proc/stat", "r");
   if (f == nullptr) return {0, 0};
   unsigned long long v[10] = {};
-  const int n = std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4],
-                            &v[5], &v[6], &v[7], &v[8], &v[9]);
+  const int n = std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0],
+                            &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9]);
   std::fclose(f);
   if (n < 4) return {0, 0};
   uint64_t total = 0;
@@ -299,25 +308,37 @@ double PlainWriteMs(const std::string& dir, const Workload& w, size_t count, boo
 
 void PrintSizes(const Workload& w, const Flags& f, const Preset& p) {
   const double rec = static_cast<double>(w.record_bytes());
-  std::printf("== bytes moved per block (layout %d layers x %d kv-heads x head_dim %d, %s, %d-token tiles)\n", f.layers,
-              f.heads, f.head_dim, f.preset.c_str(), p.tile_tokens);
-  std::printf("  fp16 K+V of the tile's tokens      %10llu bytes (%.3f MiB)   = 2 x %d x %d x %d x %d x 2\n",
-              static_cast<unsigned long long>(w.fp16_bytes), MiB(static_cast<double>(w.fp16_bytes)), f.layers, f.heads,
-              p.tile_tokens, f.head_dim);
-  std::printf("  quantized payload                  %10zu bytes (%.3f MiB)   %.4f x fp16\n", w.payload.size(),
-              MiB(static_cast<double>(w.payload.size())), static_cast<double>(w.payload.size()) / static_cast<double>(w.fp16_bytes));
-  std::printf("  disk record (header %zu B + payload) %8.0f bytes               %.4f x fp16 (header %.4f%% of it)\n",
-              kRecordHeaderBytes, rec, rec / static_cast<double>(w.fp16_bytes),
-              100.0 * static_cast<double>(kRecordHeaderBytes) / rec);
+  std::printf(
+      "== bytes moved per block (layout %d layers x %d kv-heads x head_dim %d, %s, %d-token "
+      "tiles)\n",
+      f.layers, f.heads, f.head_dim, f.preset.c_str(), p.tile_tokens);
+  std::printf(
+      "  fp16 K+V of the tile's tokens      %10llu bytes (%.3f MiB)   = 2 x %d x %d x %d x %d x "
+      "2\n",
+      static_cast<unsigned long long>(w.fp16_bytes), MiB(static_cast<double>(w.fp16_bytes)),
+      f.layers, f.heads, p.tile_tokens, f.head_dim);
+  std::printf("  quantized payload                  %10zu bytes (%.3f MiB)   %.4f x fp16\n",
+              w.payload.size(), MiB(static_cast<double>(w.payload.size())),
+              static_cast<double>(w.payload.size()) / static_cast<double>(w.fp16_bytes));
+  std::printf(
+      "  disk record (header %zu B + payload) %8.0f bytes               %.4f x fp16 (header %.4f%% "
+      "of it)\n",
+      kRecordHeaderBytes, rec, rec / static_cast<double>(w.fp16_bytes),
+      100.0 * static_cast<double>(kRecordHeaderBytes) / rec);
   for (uint32_t kib : f.chunk_kib) {
     const uint64_t chunk = uint64_t{kib} * 1024;
-    const auto values = MemcachedValues(std::string(w.record_bytes(), '\0'), static_cast<uint32_t>(chunk));
+    const auto values =
+        MemcachedValues(std::string(w.record_bytes(), '\0'), static_cast<uint32_t>(chunk));
     uint64_t bytes = 0;
     for (const auto& v : values) bytes += v.size();
-    const uint64_t key_bytes = values.size() * (7 + 64) + (values.size() - 1) * 4;  // "kvarn1:" + hex (+ ".i")
-    std::printf("  memcached, chunk %5u KiB: %3zu values, %10llu value bytes + ~%llu key bytes  %.4f x fp16\n", kib,
-                values.size(), static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(key_bytes),
-                static_cast<double>(bytes + key_bytes) / static_cast<double>(w.fp16_bytes));
+    const uint64_t key_bytes =
+        values.size() * (7 + 64) + (values.size() - 1) * 4;  // "kvarn1:" + hex (+ ".i")
+    std::printf(
+        "  memcached, chunk %5u KiB: %3zu values, %10llu value bytes + ~%llu key bytes  %.4f x "
+        "fp16\n",
+        kib, values.size(), static_cast<unsigned long long>(bytes),
+        static_cast<unsigned long long>(key_bytes),
+        static_cast<double>(bytes + key_bytes) / static_cast<double>(w.fp16_bytes));
   }
 }
 
@@ -339,16 +360,19 @@ void PrintFloors(const Workload& w) {
     if (!ok) Die("CheckRecord refused a good record");
   }
   std::printf("== references per block (in memory, 50 repeats)\n");
-  std::printf("  memcpy of the payload (import)     %s   (%.2f GiB/s)\n", Quantiles(copy_ms).c_str(),
-              static_cast<double>(w.payload.size()) / (Pct(copy_ms, 50) / 1e3) / (1024.0 * 1024 * 1024));
-  std::printf("  CheckRecord (header + HMAC-SHA256) %s   (%.2f GiB/s)\n", Quantiles(mac_ms).c_str(),
-              static_cast<double>(w.record_bytes()) / (Pct(mac_ms, 50) / 1e3) / (1024.0 * 1024 * 1024));
+  std::printf(
+      "  memcpy of the payload (import)     %s   (%.2f GiB/s)\n", Quantiles(copy_ms).c_str(),
+      static_cast<double>(w.payload.size()) / (Pct(copy_ms, 50) / 1e3) / (1024.0 * 1024 * 1024));
+  std::printf(
+      "  CheckRecord (header + HMAC-SHA256) %s   (%.2f GiB/s)\n", Quantiles(mac_ms).c_str(),
+      static_cast<double>(w.record_bytes()) / (Pct(mac_ms, 50) / 1e3) / (1024.0 * 1024 * 1024));
 }
 
 void BenchDisk(const Flags& f, const Workload& w) {
   char tmpl[4096];
   std::snprintf(tmpl, sizeof(tmpl), "%s/kvarn-tier-bench.XXXXXX", f.dir.c_str());
-  if (::mkdtemp(tmpl) == nullptr) Die(std::string("mkdtemp under ") + f.dir + ": " + std::strerror(errno));
+  if (::mkdtemp(tmpl) == nullptr)
+    Die(std::string("mkdtemp under ") + f.dir + ": " + std::strerror(errno));
   const std::string root = tmpl;
   const size_t n = static_cast<size_t>(f.blocks);
   const double bytes = static_cast<double>(n * w.record_bytes());
@@ -369,22 +393,31 @@ void BenchDisk(const Flags& f, const Workload& w) {
     if (!tier.ok()) Die(tier.status().ToString());
     ::sync();
     const double ms = WriteAll(**tier, w, n, o.queue_bytes);
-    std::printf("  write, fsync %-5s  %8.1f MiB/s  %7.1f blocks/s   vs plain write() of the same bytes%s %8.1f MiB/s\n",
-                fsync ? "on" : "off", MiB(bytes) / (ms / 1e3), static_cast<double>(n) / (ms / 1e3),
-                fsync ? " + fdatasync" : "            ", MiB(bytes) / ((fsync ? plain_sync_ms : plain_ms) / 1e3));
+    std::printf(
+        "  write, fsync %-5s  %8.1f MiB/s  %7.1f blocks/s   vs plain write() of the same bytes%s "
+        "%8.1f MiB/s\n",
+        fsync ? "on" : "off", MiB(bytes) / (ms / 1e3), static_cast<double>(n) / (ms / 1e3),
+        fsync ? " + fdatasync" : "            ",
+        MiB(bytes) / ((fsync ? plain_sync_ms : plain_ms) / 1e3));
     if (!fsync) {
       uint64_t pages = 0;
       const uint64_t resident = DropPageCache(dir, &pages);
       uint64_t misses = 0;
       const std::vector<double> cold = ReadAll(**tier, w, n, &misses);
-      std::printf("  onboard Get, page cache cold (%llu of %llu pages resident after the drop): %s  (%.1f MiB/s at p50)%s\n",
-                  static_cast<unsigned long long>(resident), static_cast<unsigned long long>(pages), Quantiles(cold).c_str(),
-                  MiB(static_cast<double>(w.record_bytes())) / (Pct(cold, 50) / 1e3),
-                  misses ? absl::StrCat(" MISSES ", misses).c_str() : "");
+      std::printf(
+          "  onboard Get, page cache cold (%llu of %llu pages resident after the drop): %s  (%.1f "
+          "MiB/s at p50)%s\n",
+          static_cast<unsigned long long>(resident), static_cast<unsigned long long>(pages),
+          Quantiles(cold).c_str(),
+          MiB(static_cast<double>(w.record_bytes())) / (Pct(cold, 50) / 1e3),
+          misses ? absl::StrCat(" MISSES ", misses).c_str() : "");
       const std::vector<double> warm = ReadAll(**tier, w, n, &misses);
-      std::printf("  onboard Get, page cache warm:                                  %s  (%.1f MiB/s at p50)%s\n",
-                  Quantiles(warm).c_str(), MiB(static_cast<double>(w.record_bytes())) / (Pct(warm, 50) / 1e3),
-                  misses ? absl::StrCat(" MISSES ", misses).c_str() : "");
+      std::printf(
+          "  onboard Get, page cache warm:                                  %s  (%.1f MiB/s at "
+          "p50)%s\n",
+          Quantiles(warm).c_str(),
+          MiB(static_cast<double>(w.record_bytes())) / (Pct(warm, 50) / 1e3),
+          misses ? absl::StrCat(" MISSES ", misses).c_str() : "");
     }
     tier->reset();
   }
@@ -399,28 +432,36 @@ void BenchMemcached(const Flags& f, const Workload& w, uint32_t chunk_kib) {
   so.count = 3;
   // Room for every block with slab slack; -I above the chunk when it passes memcached's 1 MiB.
   so.memory_mb = static_cast<uint32_t>(std::max(64.0, 2.0 * MiB(bytes) / so.count));
-  if (chunk_kib * 1024ull + 4096 > (1u << 20)) so.item_max = absl::StrCat((chunk_kib + 1023) / 1024 * 2, "m");
+  if (chunk_kib * 1024ull + 4096 > (1u << 20))
+    so.item_max = absl::StrCat((chunk_kib + 1023) / 1024 * 2, "m");
   auto servers = testing::MemcachedServers::Start(so);
   if (!servers.ok()) Die(servers.status().ToString());
   MemcachedTierOptions o;
   o.servers = (*servers)->addresses();
   o.chunk_bytes = chunk_kib * 1024;
-  if (chunk_kib * 1024ull + 4096 > (1u << 20)) o.chunk_bytes -= 4096;  // below -I, item header included
+  if (chunk_kib * 1024ull + 4096 > (1u << 20))
+    o.chunk_bytes -= 4096;  // below -I, item header included
   o.timeout = absl::Seconds(2);
   auto tier = MemcachedTier::Open(o, w.id);
   if (!tier.ok()) Die(tier.status().ToString());
-  std::printf("== memcached tier, chunk_bytes %u (3 servers on loopback, -m %u%s, %d blocks, %.0f MiB)\n", o.chunk_bytes,
-              so.memory_mb, so.item_max.empty() ? "" : (" -I " + so.item_max).c_str(), f.blocks, MiB(bytes));
+  std::printf(
+      "== memcached tier, chunk_bytes %u (3 servers on loopback, -m %u%s, %d blocks, %.0f MiB)\n",
+      o.chunk_bytes, so.memory_mb, so.item_max.empty() ? "" : (" -I " + so.item_max).c_str(),
+      f.blocks, MiB(bytes));
   const double ms = WriteAll(**tier, w, n, o.queue_bytes);
   const TierStats st = (*tier)->Stats();
-  std::printf("  write          %8.1f MiB/s  %7.1f blocks/s   (%llu written, %llu dropped, %llu errors)\n",
-              MiB(bytes) / (ms / 1e3), static_cast<double>(n) / (ms / 1e3),
-              static_cast<unsigned long long>(st.written_blocks), static_cast<unsigned long long>(st.dropped_writes),
-              static_cast<unsigned long long>(st.errors));
+  std::printf(
+      "  write          %8.1f MiB/s  %7.1f blocks/s   (%llu written, %llu dropped, %llu errors)\n",
+      MiB(bytes) / (ms / 1e3), static_cast<double>(n) / (ms / 1e3),
+      static_cast<unsigned long long>(st.written_blocks),
+      static_cast<unsigned long long>(st.dropped_writes),
+      static_cast<unsigned long long>(st.errors));
   uint64_t misses = 0;
   const std::vector<double> lat = ReadAll(**tier, w, n, &misses);
-  std::printf("  onboard Get    %s  (%.1f MiB/s at p50)  misses %llu of %zu\n", Quantiles(lat).c_str(),
-              MiB(static_cast<double>(w.record_bytes())) / (Pct(lat, 50) / 1e3), static_cast<unsigned long long>(misses), n);
+  std::printf("  onboard Get    %s  (%.1f MiB/s at p50)  misses %llu of %zu\n",
+              Quantiles(lat).c_str(),
+              MiB(static_cast<double>(w.record_bytes())) / (Pct(lat, 50) / 1e3),
+              static_cast<unsigned long long>(misses), n);
 }
 
 // Node 1 writes `prompts` prompts of `tiles` blocks each to servers whose memory holds about
@@ -459,19 +500,27 @@ void BenchTwoNodes(const Flags& f, const Workload& w) {
     }
   }
   const TierStats st = (*node2)->Stats();
-  std::printf("== two nodes, one memcached tier smaller than the working set (3 servers x -m %u = %u MiB, node 1 wrote %zu "
-              "prompts x %zu blocks = %.0f MiB)\n",
-              so.memory_mb, 3 * so.memory_mb, prompts, kTiles, MiB(bytes));
-  std::printf("  node 2 prefix hit rate  %.1f%% of prompt blocks (%llu of %zu)   vs memcached memory / working set %.1f%%\n",
-              100.0 * static_cast<double>(block_hits) / static_cast<double>(n), static_cast<unsigned long long>(block_hits),
-              n, 100.0 * 3.0 * so.memory_mb / MiB(bytes));
-  std::printf("  node 2 block hit rate   %.1f%% of the blocks it asked for (%llu of %llu; a prefix stops at its first miss)\n",
-              100.0 * static_cast<double>(block_hits) / static_cast<double>(asked_blocks),
-              static_cast<unsigned long long>(block_hits), static_cast<unsigned long long>(asked_blocks));
-  std::printf("  node 2 Get per block    %s   (tier counted hits %llu misses %llu rejected truncated %llu)\n",
-              Quantiles(per_block_ms).c_str(), static_cast<unsigned long long>(st.hits),
-              static_cast<unsigned long long>(st.misses),
-              static_cast<unsigned long long>(st.rejected[static_cast<int>(RecordFault::kTruncated)]));
+  std::printf(
+      "== two nodes, one memcached tier smaller than the working set (3 servers x -m %u = %u MiB, "
+      "node 1 wrote %zu "
+      "prompts x %zu blocks = %.0f MiB)\n",
+      so.memory_mb, 3 * so.memory_mb, prompts, kTiles, MiB(bytes));
+  std::printf(
+      "  node 2 prefix hit rate  %.1f%% of prompt blocks (%llu of %zu)   vs memcached memory / "
+      "working set %.1f%%\n",
+      100.0 * static_cast<double>(block_hits) / static_cast<double>(n),
+      static_cast<unsigned long long>(block_hits), n, 100.0 * 3.0 * so.memory_mb / MiB(bytes));
+  std::printf(
+      "  node 2 block hit rate   %.1f%% of the blocks it asked for (%llu of %llu; a prefix stops "
+      "at its first miss)\n",
+      100.0 * static_cast<double>(block_hits) / static_cast<double>(asked_blocks),
+      static_cast<unsigned long long>(block_hits), static_cast<unsigned long long>(asked_blocks));
+  std::printf(
+      "  node 2 Get per block    %s   (tier counted hits %llu misses %llu rejected truncated "
+      "%llu)\n",
+      Quantiles(per_block_ms).c_str(), static_cast<unsigned long long>(st.hits),
+      static_cast<unsigned long long>(st.misses),
+      static_cast<unsigned long long>(st.rejected[static_cast<int>(RecordFault::kTruncated)]));
 }
 
 }  // namespace
@@ -482,8 +531,9 @@ int main(int argc, char** argv) {
   const Flags f = Parse(argc, argv);
   Preset p;
   if (!ParsePreset(f.preset, &p).ok()) Die("unknown preset " + f.preset);
-  std::printf("kvarn_tier_bench: clock std::chrono::steady_clock (wall time); %d blocks; %ld CPUs online\n", f.blocks,
-              sysconf(_SC_NPROCESSORS_ONLN));
+  std::printf(
+      "kvarn_tier_bench: clock std::chrono::steady_clock (wall time); %d blocks; %ld CPUs online\n",
+      f.blocks, sysconf(_SC_NPROCESSORS_ONLN));
   const auto jiffies0 = CpuJiffies();
   const Clock::time_point start = Clock::now();
   const double cpu0 = ProcessCpuSeconds();
@@ -498,11 +548,15 @@ int main(int argc, char** argv) {
   const auto jiffies1 = CpuJiffies();
   const double wall_s = MsSince(start) / 1e3;
   const double busy = jiffies1.second > jiffies0.second
-                          ? static_cast<double>(jiffies1.first - jiffies0.first) / static_cast<double>(jiffies1.second - jiffies0.second)
+                          ? static_cast<double>(jiffies1.first - jiffies0.first) /
+                                static_cast<double>(jiffies1.second - jiffies0.second)
                           : 0;
-  const double mine = (ProcessCpuSeconds() - cpu0) / wall_s / static_cast<double>(sysconf(_SC_NPROCESSORS_ONLN));
-  std::printf("== machine: CPUs busy %.0f%% of the %.1f s run, this process (its threads; not the memcached servers) %.0f%%: "
-              "figures under a shared load are noisier than the rest\n",
-              100 * busy, wall_s, 100 * mine);
+  const double mine =
+      (ProcessCpuSeconds() - cpu0) / wall_s / static_cast<double>(sysconf(_SC_NPROCESSORS_ONLN));
+  std::printf(
+      "== machine: CPUs busy %.0f%% of the %.1f s run, this process (its threads; not the "
+      "memcached servers) %.0f%%: "
+      "figures under a shared load are noisier than the rest\n",
+      100 * busy, wall_s, 100 * mine);
   return 0;
 }
