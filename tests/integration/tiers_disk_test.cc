@@ -255,5 +255,68 @@ TEST_F(TiersTest, SecondDaemonOnTheSameDiskDirectoryRefusesToStart) {
   EXPECT_EQ(t.quant_blocks.size(), 1u);
 }
 
+// A record damaged on disk while the daemon runs is refused at onboard (the prefix ends
+// before it), counted, and its file deleted; the blocks before it are adopted with their bytes.
+TEST_F(TiersTest, RecordDamagedWhileRunningIsRefusedAndDeleted) {
+  TempDir tier_dir;
+  const std::string dir = tier_dir.path() + "/tier";
+  std::vector<std::string> flags = SmallPoolFlags();
+  flags.push_back("--disk_tier_dir=" + dir);
+  Daemon* d = StartDaemon(flags);
+  ASSERT_NE(d, nullptr);
+  auto client = Connect(*d);
+  ASSERT_NE(client, nullptr);
+  IT_ASSIGN_OR_FAIL(s, Open(*client, "team-r", /*max_sequences=*/2));
+  constexpr size_t kTiles = 4;
+  const std::vector<uint32_t> a = Prompt(150000, kTiles);
+  const std::vector<BlockHash> ha = Hashes(*s, a);
+  uint64_t seq = 0;
+  IT_ASSIGN_OR_FAIL(ta, Prefill(*s, a, &seq));
+  const std::vector<std::string> bytes_a = BlockBytes(*s, ta);
+  {
+    const uint64_t ids[] = {seq};
+    IT_ASSERT_OK(s->Release(ids));
+  }
+  uint32_t first = 160000;
+  for (int i = 0; i < 12; ++i) {
+    IT_ASSIGN_OR_FAIL(look, s->LookupTiers(a));
+    if (look.pool_tokens() == 0) break;
+    IT_ASSERT_OK(Churn(*s, &first, 1));
+  }
+  // Every evicted block is written out (Get would serve a queued one from memory).
+  const double deadline = NowMs() + 20000;
+  const auto all_files = [&] {
+    for (const BlockHash& h : ha) {
+      if (!std::filesystem::exists(DiskPath(dir, h))) return false;
+    }
+    return TierStats(*s, "disk").queued_blocks() == 0;
+  };
+  while (!all_files()) {
+    ASSERT_LT(NowMs(), deadline) << "A's records were not written";
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::string rec = ReadFile(DiskPath(dir, ha[2]));
+  ASSERT_EQ(rec.size(), kRecordHeaderBytes + bytes_a[2].size());
+  rec[kRecordHeaderBytes + 5] ^= 0x40;
+  ASSERT_NO_FATAL_FAILURE(WriteFile(DiskPath(dir, ha[2]), rec));
+
+  IT_ASSIGN_OR_FAIL(q, s->CreateSequence(a));
+  EXPECT_EQ(q.cached_tokens, 2u * kTile) << "the prefix ends before the damaged block";
+  std::vector<std::string> want = bytes_a;
+  want.resize(2);
+  EXPECT_TRUE(BlockBytes(*s, q.table) == want);
+  const v1::StatsResponse::Tier t = TierStats(*s, "disk");
+  EXPECT_EQ(Rejected(t, "corrupt"), 1u) << t.DebugString();
+  EXPECT_EQ(t.onboard_failures(), 0u);
+  // The writer thread deletes the file.
+  while (std::filesystem::exists(DiskPath(dir, ha[2]))) {
+    ASSERT_LT(NowMs(), deadline + 20000) << "the damaged file was not deleted";
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  IT_ASSIGN_OR_FAIL(look, s->LookupTiers(a));
+  EXPECT_EQ(look.pool_tokens(), 2u * kTile);
+  EXPECT_EQ(TierTokens(look, "disk"), 0u) << "the damaged block is still indexed";
+}
+
 }  // namespace
 }  // namespace kvarn::it
