@@ -29,6 +29,19 @@ BlockHash ChainHash(const BlockHash& parent, const BlockHash& ns, std::span<cons
   return sha.Finish();
 }
 
+std::vector<BlockHash> PromptBlockHashes(const BlockHash& ns, uint32_t tile_tokens, std::span<const uint32_t> prompt) {
+  const size_t g = tile_tokens;
+  const size_t blocks = prompt.empty() || g == 0 ? 0 : (prompt.size() - 1) / g;
+  std::vector<BlockHash> hashes;
+  hashes.reserve(blocks);
+  BlockHash parent = kRootHash;
+  for (size_t i = 0; i < blocks; ++i) {
+    parent = ChainHash(parent, ns, prompt.subspan(i * g, g));
+    hashes.push_back(parent);
+  }
+  return hashes;
+}
+
 std::string HashToHex(const BlockHash& h) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string s(64, '0');

@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace kvarn {
 
@@ -39,6 +40,11 @@ BlockHash NamespaceDigest(const HashNamespaceInput& in);
 
 // hash = SHA-256(parent || ns || u32 token id × tile), integers little-endian.
 BlockHash ChainHash(const BlockHash& parent, const BlockHash& ns, std::span<const uint32_t> tokens);
+
+// The hashes of the blocks a prompt may adopt: its full tiles, at most (size - 1) / tile_tokens
+// of them (the worker still computes the last prompt token), each chained on the one before.
+// The daemon's prefix index and a router's (client/lib/router.h) key blocks by these.
+std::vector<BlockHash> PromptBlockHashes(const BlockHash& ns, uint32_t tile_tokens, std::span<const uint32_t> prompt);
 
 std::string HashToHex(const BlockHash& h);
 

@@ -10,20 +10,6 @@ TierBit TierBitOf(std::string_view tier) {
   return kInRemote;
 }
 
-std::vector<BlockHash> PromptBlockHashes(const BlockHash& ns, uint32_t tile_tokens,
-                                         std::span<const uint32_t> prompt) {
-  const size_t g = tile_tokens;
-  const size_t blocks = prompt.empty() || g == 0 ? 0 : (prompt.size() - 1) / g;
-  std::vector<BlockHash> hashes;
-  hashes.reserve(blocks);
-  BlockHash parent = kRootHash;
-  for (size_t i = 0; i < blocks; ++i) {
-    parent = ChainHash(parent, ns, prompt.subspan(i * g, g));
-    hashes.push_back(parent);
-  }
-  return hashes;
-}
-
 TierTokens MatchPlaces(std::span<const uint8_t> places, uint32_t tile_tokens) {
   TierTokens t;
   size_t i = 0;

@@ -48,11 +48,6 @@ struct TierTokens {
   uint64_t total() const { return pool + disk + remote; }
 };
 
-// The hashes of the blocks a prompt can adopt, in order: ChainHash from kRootHash over each
-// full tile, floor((n - 1) / tile) of them (the last prompt token is always computed, as
-// KvCore::PrefixHashes). REQUIRES: tile_tokens > 0.
-std::vector<BlockHash> PromptBlockHashes(const BlockHash& ns, uint32_t tile_tokens,
-                                         std::span<const uint32_t> prompt);
 
 // The match of one prompt given, per block in order, where that block is held (TierBit
 // masks): the pool's run from the start, then the tiers' continuation.

@@ -212,16 +212,7 @@ absl::StatusOr<Sequence*> KvCore::FindSequence(SessionState* s, SequenceId id) {
 }
 
 std::vector<BlockHash> KvCore::PrefixHashes(const BlockHash& ns, std::span<const uint32_t> prompt) const {
-  const size_t g = static_cast<size_t>(preset_.tile_tokens);
-  const size_t blocks = prompt.empty() ? 0 : (prompt.size() - 1) / g;
-  std::vector<BlockHash> hashes;
-  hashes.reserve(blocks);
-  BlockHash parent = kRootHash;
-  for (size_t i = 0; i < blocks; ++i) {
-    parent = ChainHash(parent, ns, prompt.subspan(i * g, g));
-    hashes.push_back(parent);
-  }
-  return hashes;
+  return PromptBlockHashes(ns, static_cast<uint32_t>(preset_.tile_tokens), prompt);
 }
 
 absl::StatusOr<OpenResult> KvCore::OpenSession(const OpenParams& p) {

@@ -22,8 +22,9 @@
 // Listener: called only from the writer thread, never under the tier's lock: stored = true
 // once a file is in place (with Put's tenant cookie), stored = false when the LRU evicts a
 // file or Get finds one bad (cookie 0 for files found at Open). Not called for what Open
-// finds: the daemon reads Index() instead. It must not wait for this tier's Flush (the
-// writer is the thread Flush waits for).
+// finds (Index() lists them; kvarnd does not announce them on Watch, so a router asks Lookup
+// for a node whose disk tier was not empty at start: docs/router.md). It must not wait for
+// this tier's Flush (the writer is the thread Flush waits for).
 //
 // Thread safety: every method may be called concurrently. The destructor writes what is
 // queued, then stops the writer; no other call may run concurrently with it.

@@ -132,6 +132,27 @@ TEST_F(CoreTiersTest, ABlockOnboardedFromTheTierIsNotWrittenBackWhenEvictedAgain
   EXPECT_EQ(tier_->puts, 8u);
 }
 
+TEST_F(CoreTiersTest, ARecordTheTierDroppedIsWrittenAgainWhenThePoolEvictsTheBlock) {
+  MakeTieredCore(TierWrite::kOnEvict);
+  SessionRef s = Open("t");
+  const std::vector<uint32_t> a = Tokens(1000, 4 * 64 + 1), b = Tokens(50000, 4 * 64 + 1);
+  Fill(s, a);
+  Fill(s, b);
+  ASSERT_EQ(tier_->size(), 4u);
+  BlockHash dropped{};  // a's tile 2: the tier holds only a's records now
+  for (const auto& [hash, rec] : tier_->records) {
+    if (PeekRecord(rec).tile_index == 2) dropped = hash;
+  }
+  auto q = core_->CreateSequence(s, a);  // onboarded: the pool knows the tier holds a
+  ASSERT_TRUE(q.ok());
+  ASSERT_TRUE(core_->Release(s, std::vector<SequenceId>{q->sequence}).ok());
+  ASSERT_EQ(tier_->puts, 8u);
+  tier_->Drop(dropped);
+  Fill(s, b);  // a leaves the pool again: only the dropped record is written back
+  EXPECT_EQ(tier_->puts, 9u);
+  EXPECT_TRUE(tier_->Contains(dropped));
+}
+
 TEST_F(CoreTiersTest, ATierWrittenOnSealGetsEachBlockOnceAtItsSeal) {
   MakeTieredCore(TierWrite::kOnSeal);
   SessionRef s = Open("t");

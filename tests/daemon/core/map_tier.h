@@ -61,6 +61,17 @@ class MapTier final : public BlockTier {
     listener_ = std::move(listener);
   }
 
+  // The tier lets a record go (its own LRU, or a read found it bad) and says so.
+  void Drop(const BlockHash& hash) {
+    Listener l;
+    {
+      MutexLock lock(&mu_);
+      records.erase(hash);
+      l = listener_;
+    }
+    if (l) l(hash, false, 0);
+  }
+
   size_t size() const {
     MutexLock lock(&mu_);
     return records.size();

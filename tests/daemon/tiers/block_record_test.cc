@@ -127,6 +127,28 @@ TEST(BlockRecordTest, AnotherSecretFailsTheMac) {
             kCorrupt);
 }
 
+TEST(BlockRecordTest, WithoutTheMacCheckOnlyThePayloadGoesUnchecked) {
+  // For a record the process sealed itself (a tier's queue): the header is still checked.
+  const TierIdentity id = Identity();
+  std::string r = Build(id, Meta());
+  r[kRecordHeaderBytes + 17] ^= 4;
+  RecordFault fault = RecordFault::kTruncated;
+  const BlockHash expect = Meta().hash;
+  EXPECT_EQ(FaultOf(id, r), kCorrupt);
+  EXPECT_TRUE(CheckRecord(id, r, &expect, &fault, /*verify_mac=*/false).ok());
+  const BlockHash other = HashOf(9);
+  EXPECT_FALSE(CheckRecord(id, r, &other, &fault, /*verify_mac=*/false).ok());
+  EXPECT_EQ(fault, RecordFault::kWrongKey);
+  ModelConfig deeper = Model();
+  deeper.num_layers = 16;
+  EXPECT_FALSE(CheckRecord(id, Build(Identity(deeper), Meta()), &expect, &fault, /*verify_mac=*/false).ok());
+  EXPECT_EQ(fault, RecordFault::kForeign);
+  std::string short_record = Build(id, Meta());
+  short_record.resize(short_record.size() - 1);
+  EXPECT_FALSE(CheckRecord(id, short_record, &expect, &fault, /*verify_mac=*/false).ok());
+  EXPECT_EQ(fault, RecordFault::kTruncated);
+}
+
 TEST(BlockRecordTest, ExpectedHashMismatchIsWrongKey) {
   const TierIdentity id = Identity();
   const std::string r = Build(id, Meta());
