@@ -109,6 +109,7 @@ void SealRecord(const TierIdentity& id, const RecordMeta& meta, std::string& rec
   PutU32(h + 112, static_cast<uint32_t>(meta.cls));
   PutU32(h + 116, meta.tile_index);
   PutU64(h + 120, record.size() - kRecordHeaderBytes);
+  std::memcpy(h + 128, meta.ns.data(), 32);
   const BlockHash mac = Mac(id.mac_key, h, RecordPayload(record));
   std::memcpy(h + kMacOffset, mac.data(), 32);
 }
@@ -147,6 +148,7 @@ absl::StatusOr<RecordMeta> CheckRecord(const TierIdentity& id, std::span<const u
   }
   std::memcpy(meta.hash.data(), h + 48, 32);
   std::memcpy(meta.parent.data(), h + 80, 32);
+  std::memcpy(meta.ns.data(), h + 128, 32);
   meta.tile_index = GetU32(h + 116);
   if (expect != nullptr && meta.hash != *expect) {
     return Fault(fault, RecordFault::kWrongKey, absl::StrCat("holds block ", HashToHex(meta.hash).substr(0, 16),
@@ -163,6 +165,7 @@ RecordMeta PeekRecord(std::string_view record) {
   std::memcpy(meta.parent.data(), h + 80, 32);
   meta.cls = GetU32(h + 112) == 1 ? BlockClass::kSink : BlockClass::kQuant;
   meta.tile_index = GetU32(h + 116);
+  std::memcpy(meta.ns.data(), h + 128, 32);
   return meta;
 }
 

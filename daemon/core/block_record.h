@@ -12,7 +12,7 @@
 //      112    4  class: 0 quantized, 1 fp16 sink
 //      116    4  tile index: the block's position in its chain (0 = first tile)
 //      120    8  payload bytes
-//      128   32  reserved, zero
+//      128   32  namespace digest of the prefix hashes (the tenant's, prefix_hash.h)
 //      160   32  HMAC-SHA256 over bytes [0, 160) and the payload, keyed by the tier key
 // Integers little-endian. The tier key derives from the daemon's tenant_salt_secret, which
 // every node sharing a tier must share anyway (it salts the prefix hashes): a record built by
@@ -66,6 +66,7 @@ struct RecordMeta {
   BlockHash parent{};
   BlockClass cls = BlockClass::kQuant;
   uint32_t tile_index = 0;
+  BlockHash ns{};  // the namespace its hash chain was computed in
 };
 
 // A record for `meta` with room for its payload: kRecordHeaderBytes + payload_bytes(cls)

@@ -480,7 +480,7 @@ absl::StatusOr<CreateResult> KvCore::CreateSequence(const SessionRef& ref, std::
   auto hashed = PromptHashes(ref, prompt);
   if (!hashed.ok()) return hashed.status();
   // Blocks of the prefix the tiers continue, held for this call (hashes[0, pins.size())).
-  std::vector<BlockRef> pins = OnboardPrefix(ref, hashed->hashes);
+  std::vector<BlockRef> pins = OnboardPrefix(ref, hashed->ns, hashed->hashes);
   Locked lock(this);
   auto s = sessions_.Find(ref);
   if (!s.ok()) {
@@ -543,7 +543,7 @@ absl::StatusOr<LookupResult> KvCore::Lookup(const SessionRef& ref, std::span<con
   if (!hashed.ok()) return hashed.status();
   const std::vector<BlockHash>& hashes = hashed->hashes;
   if (prefetch) {
-    std::vector<BlockRef> pins = OnboardPrefix(ref, hashes);
+    std::vector<BlockRef> pins = OnboardPrefix(ref, hashed->ns, hashes);
     if (!pins.empty()) {
       Locked lock(this);
       Unpin(pins);

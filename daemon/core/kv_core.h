@@ -224,7 +224,8 @@ class KvCore {
   // every block of the prefix it returns (hashes[0, n)) for the caller, who adopts or releases
   // them. Empty when the tiers add nothing. A miss, a rejected record, a failed import or a
   // full pool ends the prefix there; it never fails the call.
-  std::vector<BlockRef> OnboardPrefix(const SessionRef& ref, const std::vector<BlockHash>& hashes)
+  // `ns` is the namespace the hashes were computed in; a record of another is refused.
+  std::vector<BlockRef> OnboardPrefix(const SessionRef& ref, const BlockHash& ns, const std::vector<BlockHash>& hashes)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Releases the blocks OnboardPrefix held (the call that wanted them failed).
   void Unpin(std::vector<BlockRef>& pins) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

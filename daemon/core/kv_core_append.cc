@@ -27,6 +27,7 @@ struct KvCore::AppendPlan {
   // tiers that took it at the seal (bits).
   uint32_t tile_index = 0;
   BlockHash parent_hash{};
+  BlockHash ns{};
   uint32_t tenant = 0;
   uint8_t stored_in = 0;
 };
@@ -64,7 +65,8 @@ absl::Status KvCore::PlanAppend(SessionState& s, SequenceId seq, std::span<const
     plan->cls = ClassAt(sq.sealed_tiles());
     std::vector<uint32_t> tile = sq.tail_ids;
     tile.insert(tile.end(), ids.begin(), ids.end());
-    plan->hash = ChainHash(sq.last_hash, tenants_.get(s.tenant).ns, tile);
+    plan->ns = tenants_.get(s.tenant).ns;
+    plan->hash = ChainHash(sq.last_hash, plan->ns, tile);
     plan->parent = sq.last_block();
     plan->tile_index = static_cast<uint32_t>(sq.sealed_tiles());
     plan->parent_hash = sq.last_hash;
@@ -147,7 +149,8 @@ absl::Status KvCore::AppendWork(AppendPlan& plan, const void* keys, const void* 
     if (observer_ != nullptr && work.ok()) observer_->OnSeal(plan.cls == BlockClass::kSink, clock_->Now() - start);
     sample = work.ok() && plan.cls == BlockClass::kQuant && observer_ != nullptr && plan.block.id % 16 == 0;
     if (work.ok() && !tiers_.empty()) {
-      plan.stored_in = PutOnSeal(plan.block, RecordMeta{plan.hash, plan.parent_hash, plan.cls, plan.tile_index}, plan.tenant);
+      plan.stored_in =
+          PutOnSeal(plan.block, RecordMeta{plan.hash, plan.parent_hash, plan.cls, plan.tile_index, plan.ns}, plan.tenant);
     }
   }
   // Every 16th quantized block (by id) has one (layer, kv-head) tile sampled, after the seal's

@@ -70,6 +70,7 @@ void KvCore::SpillBeforeEvict(BlockRef b) {
   s.meta.parent = info.has_parent ? pools_.info(info.parent).hash : kRootHash;
   s.meta.cls = b.cls;
   s.meta.tile_index = info.tile_index;
+  s.meta.ns = tenants_.get(info.tenant).ns;
   s.tiers = missing;
   s.tenant = info.tenant;
   s.block = b;
@@ -131,7 +132,8 @@ uint8_t KvCore::PutOnSeal(BlockRef block, const RecordMeta& meta, uint32_t tenan
   return took;
 }
 
-std::vector<BlockRef> KvCore::OnboardPrefix(const SessionRef& ref, const std::vector<BlockHash>& hashes) {
+std::vector<BlockRef> KvCore::OnboardPrefix(const SessionRef& ref, const BlockHash& ns,
+                                            const std::vector<BlockHash>& hashes) {
   if (tiers_.empty()) return {};
   uint32_t tenant = 0;
   size_t start = 0;
@@ -178,7 +180,7 @@ std::vector<BlockRef> KvCore::OnboardPrefix(const SessionRef& ref, const std::ve
           continue;
         }
         const RecordMeta meta = PeekRecord(*rec);
-        if (meta.hash != hashes[next] || meta.cls != cls || meta.tile_index != next ||
+        if (meta.hash != hashes[next] || meta.ns != ns || meta.cls != cls || meta.tile_index != next ||
             meta.parent != (next == 0 ? kRootHash : hashes[next - 1])) {
           tier_counters_[t].onboard_failures.fetch_add(1, std::memory_order_relaxed);
           continue;

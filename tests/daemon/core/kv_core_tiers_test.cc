@@ -73,6 +73,8 @@ TEST_F(CoreTiersTest, AnEvictedPrefixComesBackFromTheTierWithTheSameBytes) {
     EXPECT_EQ(meta->cls, meta->tile_index == 0 ? BlockClass::kSink : BlockClass::kQuant);
   }
   EXPECT_EQ(positions, (std::set<uint32_t>{0, 1, 2, 3}));
+  // Each record names the tenant's namespace; one of another namespace is never onboarded.
+  for (const auto& [hash, rec] : tier_->records) EXPECT_NE(PeekRecord(rec).ns, BlockHash{});
 
   auto look = core_->Lookup(s, a);
   ASSERT_TRUE(look.ok());
@@ -192,6 +194,25 @@ TEST_F(CoreTiersTest, ARecordOutOfPlaceInTheChainIsNeverServed) {
   const size_t n = size_t{64} * model_.num_kv_heads * model_.head_dim;
   const std::vector<float> got = ReadKeys(s, q->sequence, 64);
   EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + n), std::vector<float>(a_keys.begin(), a_keys.begin() + n));
+}
+
+TEST_F(CoreTiersTest, AValidRecordOfAnotherNamespaceIsNeverServed) {
+  MakeTieredCore(TierWrite::kOnEvict);
+  SessionRef s = Open("t");
+  const std::vector<uint32_t> a = Tokens(1000, 4 * 64 + 1);
+  Fill(s, a);
+  Fill(s, Tokens(50000, 4 * 64 + 1));
+  ASSERT_EQ(tier_->size(), 4u);
+  // Re-sealed (a valid MAC) with every field kept but the namespace.
+  for (auto& [hash, rec] : tier_->records) {
+    RecordMeta meta = PeekRecord(rec);
+    meta.ns[0] ^= 1;
+    SealRecord(core_->tier_identity(), meta, rec);
+  }
+  auto q = core_->CreateSequence(s, a);
+  ASSERT_TRUE(q.ok());
+  EXPECT_EQ(q->cached_tokens, 0u);
+  EXPECT_EQ(core_->Stats(std::nullopt).value().tiers[0].onboard_failures, 1u);
 }
 
 TEST_F(CoreTiersTest, AnotherTenantNeverFindsTheBlocks) {

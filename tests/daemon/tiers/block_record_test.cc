@@ -35,6 +35,7 @@ RecordMeta Meta(BlockClass cls = BlockClass::kQuant) {
   m.parent = HashOf(2);
   m.cls = cls;
   m.tile_index = 5;
+  m.ns = HashOf(3);
   return m;
 }
 
@@ -76,6 +77,8 @@ TEST(BlockRecordTest, RoundTripsEveryFieldOfBothClasses) {
     EXPECT_EQ(got->parent, meta.parent);
     EXPECT_EQ(got->cls, cls);
     EXPECT_EQ(got->tile_index, 5u);
+    EXPECT_EQ(got->ns, meta.ns);
+    EXPECT_EQ(PeekRecord(r).ns, meta.ns);
     // Scanning (no key expected) reads the same fields.
     absl::StatusOr<RecordMeta> scanned = CheckRecord(id, r, nullptr, &fault);
     ASSERT_TRUE(scanned.ok()) << scanned.status();
