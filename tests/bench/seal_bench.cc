@@ -22,6 +22,7 @@
 #include "daemon/core/cpu_sealer.h"
 #include "kernels/fp16.h"
 #include "kernels/preset.h"
+#include "tests/bench/flag_value.h"
 
 namespace kvarn {
 namespace {
@@ -36,10 +37,7 @@ Flags Parse(int argc, char** argv) {
   Flags f;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    const auto value = [&](const char* name) -> const char* {
-      const size_t n = std::strlen(name);
-      return a.compare(0, n, name) == 0 ? a.c_str() + n : nullptr;
-    };
+    const auto value = [&](const char* prefix) { return bench::FlagValue(a, prefix); };
     if (const char* v = value("--mib=")) {
       f.mib = std::strtoul(v, nullptr, 10);
     } else if (const char* v = value("--layers=")) {

@@ -46,6 +46,7 @@
 #include "daemon/tiers/disk_tier.h"
 #include "daemon/tiers/memcached_tier.h"
 #include "kernels/preset.h"
+#include "tests/bench/flag_value.h"
 #include "tests/common/memcached_servers.h"
 
 namespace kvarn {
@@ -73,10 +74,7 @@ Flags Parse(int argc, char** argv) {
   Flags f;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    const auto value = [&](const char* name) -> const char* {
-      const size_t n = std::strlen(name);
-      return a.compare(0, n, name) == 0 ? a.c_str() + n : nullptr;
-    };
+    const auto value = [&](const char* prefix) { return bench::FlagValue(a, prefix); };
     if (const char* v = value("--blocks=")) {
       f.blocks = std::atoi(v);
     } else if (const char* v = value("--layers=")) {

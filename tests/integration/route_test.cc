@@ -61,6 +61,22 @@ class RouteTest : public IntegrationTest {
         absl::Now() + kWait);
   }
 
+  // Waits until the streams of endpoints 0 and 1 are open, then prefills p1 on `a` and p2 on
+  // `b` and waits until each index holds its prompt whole.
+  void PrefillBothIndexed(Router& router, Daemon& a, Daemon& b, const std::vector<uint32_t>& p1,
+                          const std::vector<uint32_t>& p2) {
+    ASSERT_TRUE(router.Await(
+        [&] {
+          return router.Info(0).state != IndexState::kDisconnected &&
+                 router.Info(1).state != IndexState::kDisconnected;
+        },
+        absl::Now() + kWait));
+    Prefill(a, p1);
+    Prefill(b, p2);
+    ASSERT_TRUE(AwaitIndexed(router, 0, p1, kFull)) << IndexStateName(router.Info(0).state);
+    ASSERT_TRUE(AwaitIndexed(router, 1, p2, kFull)) << IndexStateName(router.Info(1).state);
+  }
+
   static const RouteResult& Of(const std::vector<RouteResult>& ranked, size_t endpoint) {
     for (const RouteResult& r : ranked) {
       if (r.endpoint_index == endpoint) return r;
@@ -87,19 +103,10 @@ TEST_F(RouteTest, RanksEachPromptsNodeFirstFromTheWatchIndexAndRecoversAfterARes
   auto router = MakeRouter({a->target(), b->target(), absent});
   ASSERT_NE(router, nullptr);
   // Both streams open before anything is stored: each index will see its daemon's event 1.
-  ASSERT_TRUE(router->Await(
-      [&] {
-        return router->Info(0).state != IndexState::kDisconnected &&
-               router->Info(1).state != IndexState::kDisconnected;
-      },
-      absl::Now() + kWait));
-
   const std::vector<uint32_t> p1 = Tokens(10000, kPromptLen);
   const std::vector<uint32_t> p2 = Tokens(50000, kPromptLen);
-  Prefill(*a, p1);
-  Prefill(*b, p2);
-  ASSERT_TRUE(AwaitIndexed(*router, 0, p1, kFull)) << IndexStateName(router->Info(0).state);
-  ASSERT_TRUE(AwaitIndexed(*router, 1, p2, kFull)) << IndexStateName(router->Info(1).state);
+  PrefillBothIndexed(*router, *a, *b, p1, p2);
+  if (HasFatalFailure()) return;
 
   // P1: A first with the whole adoptable prefix, from the index; B has none of it; the
   // endpoint where nothing listens comes last, with its error.
@@ -229,20 +236,11 @@ TEST_F(RouteTest, BlocksInSharedMemcachedCountAsRemoteForEveryNode) {
   ASSERT_NE(b, nullptr);
   auto router = MakeRouter({a->target(), b->target()});
   ASSERT_NE(router, nullptr);
-  ASSERT_TRUE(router->Await(
-      [&] {
-        return router->Info(0).state != IndexState::kDisconnected &&
-               router->Info(1).state != IndexState::kDisconnected;
-      },
-      absl::Now() + kWait));
-
   // Each node seals its prompt's tiles, and writes them to memcached as they seal.
   const std::vector<uint32_t> p1 = Tokens(10000, kPromptLen);
   const std::vector<uint32_t> p2 = Tokens(50000, kPromptLen);
-  Prefill(*a, p1);
-  Prefill(*b, p2);
-  ASSERT_TRUE(AwaitIndexed(*router, 0, p1, kFull));
-  ASSERT_TRUE(AwaitIndexed(*router, 1, p2, kFull));
+  PrefillBothIndexed(*router, *a, *b, p1, p2);
+  if (HasFatalFailure()) return;
   // B's own index has none of P1; A saw P1's blocks stored in memcached, which B reads too.
   std::vector<RouteResult> ranked;
   ASSERT_TRUE(router->Await(
