@@ -111,6 +111,11 @@ class TiersTest : public IntegrationTest {
     ASSERT_TRUE(s.ok()) << s.status();
     n.session = std::move(*s);
   }
+  // Two nodes of the shared tier with sessions of the same tenant.
+  void StartTwoNodes(Node& n1, Node& n2, const std::string& tenant) {
+    ASSERT_NO_FATAL_FAILURE(StartNode(n1, tenant));
+    ASSERT_NO_FATAL_FAILURE(StartNode(n2, tenant));
+  }
   std::string Key(const BlockHash& h) const { return MemcachedKey(kKeyPrefix, h); }
 
   std::unique_ptr<::kvarn::testing::MemcachedServers> memcached_;

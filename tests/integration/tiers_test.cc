@@ -13,8 +13,7 @@ namespace {
 TEST_F(TiersTest, PromptPrefilledOnOneNodeIsOnboardedByAnotherWithIdenticalBytes) {
   ASSERT_NO_FATAL_FAILURE(StartMemcached());
   Node n1, n2;
-  ASSERT_NO_FATAL_FAILURE(StartNode(n1, "team-t"));
-  ASSERT_NO_FATAL_FAILURE(StartNode(n2, "team-t"));
+  ASSERT_NO_FATAL_FAILURE(StartTwoNodes(n1, n2, "team-t"));
 
   constexpr size_t kTiles = 6;  // the sink and 5 quantized blocks
   const std::vector<uint32_t> prompt = Prompt(40000, kTiles);
@@ -124,8 +123,7 @@ TEST_F(TiersTest, PromptPrefilledOnOneNodeIsOnboardedByAnotherWithIdenticalBytes
 TEST_F(TiersTest, KilledServerCostsOnlyTheBlocksItHeld) {
   ASSERT_NO_FATAL_FAILURE(StartMemcached());
   Node n1, n2;
-  ASSERT_NO_FATAL_FAILURE(StartNode(n1, "team-k"));
-  ASSERT_NO_FATAL_FAILURE(StartNode(n2, "team-k"));
+  ASSERT_NO_FATAL_FAILURE(StartTwoNodes(n1, n2, "team-k"));
   constexpr size_t kTiles = 12;
   const std::vector<uint32_t> prompt = Prompt(50000, kTiles);
   IT_ASSIGN_OR_FAIL(t1, Prefill(*n1.session, prompt));
@@ -184,8 +182,7 @@ TEST_F(TiersTest, KilledServerCostsOnlyTheBlocksItHeld) {
 TEST_F(TiersTest, CorruptGarbageAndForeignValuesAreRejectedCountedAndDeleted) {
   ASSERT_NO_FATAL_FAILURE(StartMemcached());
   Node n1, n2;
-  ASSERT_NO_FATAL_FAILURE(StartNode(n1, "team-c"));
-  ASSERT_NO_FATAL_FAILURE(StartNode(n2, "team-c"));
+  ASSERT_NO_FATAL_FAILURE(StartTwoNodes(n1, n2, "team-c"));
   constexpr size_t kTiles = 4;
   const std::vector<uint32_t> p_flip = Prompt(60000, kTiles);
   const std::vector<uint32_t> p_garbage = Prompt(61000, kTiles);
@@ -338,8 +335,7 @@ TEST_F(TiersTest, HungServerIsAMissWithinTheTimeout) {
 TEST_F(TiersTest, AllServersDeadCostOnlyMissesAndStopStaysPrompt) {
   ASSERT_NO_FATAL_FAILURE(StartMemcached());
   Node n1, n2;
-  ASSERT_NO_FATAL_FAILURE(StartNode(n1, "team-d"));
-  ASSERT_NO_FATAL_FAILURE(StartNode(n2, "team-d"));
+  ASSERT_NO_FATAL_FAILURE(StartTwoNodes(n1, n2, "team-d"));
   for (int i = 0; i < memcached_->size(); ++i) memcached_->Kill(i);
   constexpr size_t kTiles = 6;
   const std::vector<uint32_t> prompt = Prompt(120000, kTiles);

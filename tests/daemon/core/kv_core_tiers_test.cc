@@ -35,6 +35,13 @@ class CoreTiersTest : public CoreTest {
     EXPECT_TRUE(core_->Release(s, std::vector<SequenceId>{q->sequence}).ok());
     return keys;
   }
+  // Fill(s, prompt), then another whole-pool prompt, so every block of `prompt` is evicted
+  // (to the tier, where its policy writes on eviction); returns Fill's keys.
+  std::vector<float> FillThenEvict(SessionRef s, const std::vector<uint32_t>& prompt) {
+    std::vector<float> keys = Fill(s, prompt);
+    Fill(s, Tokens(50000, 4 * 64 + 1));
+    return keys;
+  }
   std::vector<float> ReadKeys(SessionRef s, SequenceId q, uint32_t tokens) {
     const size_t n = size_t{tokens} * model_.num_kv_heads * model_.head_dim;
     std::vector<float> k(n), v(n);
@@ -102,8 +109,7 @@ TEST_F(CoreTiersTest, ALookupWithPrefetchOnboardsAndHoldsNothing) {
   MakeTieredCore(TierWrite::kOnEvict);
   SessionRef s = Open("t");
   const std::vector<uint32_t> a = Tokens(1000, 4 * 64 + 1);
-  Fill(s, a);
-  Fill(s, Tokens(50000, 4 * 64 + 1));
+  FillThenEvict(s, a);
   auto plain = core_->Lookup(s, a);
   ASSERT_TRUE(plain.ok());
   EXPECT_EQ(plain->pool_tokens, 0u) << "a plain Lookup moves no block";
@@ -176,8 +182,7 @@ TEST_F(CoreTiersTest, ARecordOutOfPlaceInTheChainIsNeverServed) {
   MakeTieredCore(TierWrite::kOnEvict);
   SessionRef s = Open("t");
   const std::vector<uint32_t> a = Tokens(1000, 4 * 64 + 1);
-  const std::vector<float> a_keys = Fill(s, a);
-  Fill(s, Tokens(50000, 4 * 64 + 1));
+  const std::vector<float> a_keys = FillThenEvict(s, a);
   ASSERT_EQ(tier_->size(), 4u);
   // A faulty tier: it serves tile 2's record under tile 1's key, and a short one for tile 3.
   tier_->validate = false;
@@ -200,8 +205,7 @@ TEST_F(CoreTiersTest, AValidRecordOfAnotherNamespaceIsNeverServed) {
   MakeTieredCore(TierWrite::kOnEvict);
   SessionRef s = Open("t");
   const std::vector<uint32_t> a = Tokens(1000, 4 * 64 + 1);
-  Fill(s, a);
-  Fill(s, Tokens(50000, 4 * 64 + 1));
+  FillThenEvict(s, a);
   ASSERT_EQ(tier_->size(), 4u);
   // Re-sealed (a valid MAC) with every field kept but the namespace.
   for (auto& [hash, rec] : tier_->records) {
@@ -286,8 +290,7 @@ TEST_F(CoreTiersTest, ATierThatRefusesWritesLosesTheBlocksButNothingElse) {
   tier_->refuse_puts = true;
   SessionRef s = Open("t");
   const std::vector<uint32_t> a = Tokens(1000, 4 * 64 + 1);
-  Fill(s, a);
-  Fill(s, Tokens(50000, 4 * 64 + 1));
+  FillThenEvict(s, a);
   EXPECT_EQ(tier_->size(), 0u);
   const CoreStats st = core_->Stats(std::nullopt).value();
   EXPECT_EQ(st.tiers[0].spill_dropped, 4u);
