@@ -197,11 +197,12 @@ KVARN_VNNI_ATTR inline QueryLevels FoldQuery(const float* HWY_RESTRICT q,
   (void)d;
   QueryLevels r;
   __m512 x[vecs];
-  __m512 mx = _mm512_setzero_ps(), bsum = _mm512_setzero_ps();
+  __m512 mx = _mm512_setzero_ps(), bsum = _mm512_setzero_ps(), xsum = _mm512_setzero_ps();
   for (size_t i = 0; i < vecs; ++i) {
     const __m512 qv = _mm512_loadu_ps(q + 16 * i);
     x[i] = _mm512_mul_ps(qv, _mm512_loadu_ps(a_k + 16 * i));
     bsum = _mm512_fmadd_ps(qv, _mm512_loadu_ps(b_k + 16 * i), bsum);
+    xsum = _mm512_add_ps(xsum, x[i]);
     mx = _mm512_max_ps(mx, _mm512_abs_ps(x[i]));
   }
   const float m = _mm512_reduce_max_ps(mx);
@@ -211,31 +212,37 @@ KVARN_VNNI_ATTR inline QueryLevels FoldQuery(const float* HWY_RESTRICT q,
     return r;
   }
   r.s_hi = m / 127.0f;
-  const __m512 inv = _mm512_set1_ps(127.0f / m), sv = _mm512_set1_ps(r.s_hi);
-  __m512 sum = _mm512_setzero_ps();
+  const __m512 inv = _mm512_set1_ps(127.0f / m);
+  __m512i qsum = _mm512_setzero_si512();
   for (size_t i = 0; i < vecs; ++i) {
     const __m512i qv = _mm512_cvtps_epi32(_mm512_mul_ps(x[i], inv));  // nearest even
-    x[i] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(qv), sv, x[i]);        // what is left
-    sum = _mm512_add_ps(sum, x[i]);
+    qsum = _mm512_add_epi32(qsum, qv);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + 16 * i), _mm512_cvtsepi32_epi8(qv));
   }
+  // What is left after rounding, summed: sum x - s_hi * sum hi (the integer sum is exact).
+  const float left = _mm512_reduce_add_ps(xsum) - r.s_hi * static_cast<float>(_mm512_reduce_add_epi32(qsum));
   r.refined = r.s_hi * std::sqrt(16.0f * vecs / 12.0f) * score_gain > refine_above;
   float rm = 0.0f;
   if (r.refined) {
+    const __m512 sv = _mm512_set1_ps(r.s_hi);
     __m512 rmx = _mm512_setzero_ps();
-    for (size_t i = 0; i < vecs; ++i) rmx = _mm512_max_ps(rmx, _mm512_abs_ps(x[i]));
+    for (size_t i = 0; i < vecs; ++i) {
+      const __m128i h8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi + 16 * i));
+      x[i] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(h8)), sv, x[i]);  // what is left
+      rmx = _mm512_max_ps(rmx, _mm512_abs_ps(x[i]));
+    }
     rm = _mm512_reduce_max_ps(rmx);
     r.refined = rm > 0.0f;
   }
   if (!r.refined) {
     for (size_t i = 0; i < vecs; ++i)
       _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + 16 * i), _mm_setzero_si128());
-    r.beta += 7.5f * _mm512_reduce_add_ps(sum);
+    r.beta += 7.5f * left;
     return r;
   }
   r.s_lo = rm / 127.0f;
   const __m512 inv2 = _mm512_set1_ps(127.0f / rm), sv2 = _mm512_set1_ps(r.s_lo);
-  sum = _mm512_setzero_ps();
+  __m512 sum = _mm512_setzero_ps();
   for (size_t i = 0; i < vecs; ++i) {
     const __m512i qv = _mm512_cvtps_epi32(_mm512_mul_ps(x[i], inv2));
     sum = _mm512_add_ps(sum, _mm512_fnmadd_ps(_mm512_cvtepi32_ps(qv), sv2, x[i]));
@@ -245,20 +252,18 @@ KVARN_VNNI_ATTR inline QueryLevels FoldQuery(const float* HWY_RESTRICT q,
   return r;
 }
 
-// e^x for x <= 0 (and -inf): 2^(x log2 e) split into an integer and a fraction in
-// [-0.5, 0.5], whose power of two is a degree-6 Taylor polynomial (relative error < 3e-7);
-// vscalefps applies the integer part and underflows gracefully to 0.
-KVARN_VNNI_ATTR inline __m512 ExpNonPositive(__m512 x) {
-  const __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+// 2^y for y <= 0 (and -inf): y split into an integer n and a fraction f in [-0.5, 0.5], 2^f a
+// degree-4 polynomial fitted here for relative error (measured < 2.7e-6 in float, far below
+// the 1/255 steps the weights are rounded to); vscalefps applies 2^n and underflows
+// gracefully to 0. The scores arrive already in log2 units, so no multiply by log2(e).
+KVARN_VNNI_ATTR inline __m512 Exp2NonPositive(__m512 y) {
   const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(y, n);
-  __m512 p = _mm512_set1_ps(1.5403530393381609e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  __m512 p = _mm512_set1_ps(9.57007147371769e-3f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.591777339577675e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.40247443318367e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931218504905701e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999992847442627e-1f));
   return _mm512_scalef_ps(p, n);
 }
 
@@ -268,6 +273,10 @@ KVARN_VNNI_ATTR inline __m512 ExpNonPositive(__m512 x) {
 // softmax update of (*max, *sum), and the weights p * a_V rounded to u8 in natural token
 // order (*wscale their scale). Returns in *rescale the factor for the accumulator and in *pb
 // sum_t p b_V plus what the weights' rounding drops on average (mean value code 1.5).
+// The scores are taken in log2 units (log2(e) folded into the three scalars), so the
+// exponentials are plain powers of two; *max stays in nats, as the fp16 paths keep it. What
+// the rounding drops is sum(p a_V) - scale * sum(rounded): two running sums, one of them
+// integer, in place of a per-weight remainder.
 template <size_t kVecs>  // g / 16, at most 8
 KVARN_VNNI_ATTR inline void SoftmaxWeights(const int32_t* HWY_RESTRICT si, float qscale,
                                            const int32_t* HWY_RESTRICT si_lo, float qscale_lo,
@@ -276,8 +285,9 @@ KVARN_VNNI_ATTR inline void SoftmaxWeights(const int32_t* HWY_RESTRICT si, float
                                            const float* HWY_RESTRICT b_v, float* max, float* sum,
                                            float* rescale, uint8_t* HWY_RESTRICT w, float* wscale,
                                            float* pb) {
-  const __m512 qs = _mm512_set1_ps(qscale), qs_lo = _mm512_set1_ps(qscale_lo);
-  const __m512 bv = _mm512_set1_ps(beta);
+  constexpr float kLog2e = 1.44269504088896341f, kLn2 = 0.693147180559945309f;
+  const __m512 qs = _mm512_set1_ps(qscale * kLog2e), qs_lo = _mm512_set1_ps(qscale_lo * kLog2e);
+  const __m512 bv = _mm512_set1_ps(beta * kLog2e);
   __m512 x[kVecs];
   __m512 mx = _mm512_set1_ps(-HUGE_VALF);
   for (size_t i = 0; i < kVecs; ++i) {
@@ -289,16 +299,21 @@ KVARN_VNNI_ATTR inline void SoftmaxWeights(const int32_t* HWY_RESTRICT si, float
     x[i] = _mm512_mul_ps(y, _mm512_loadu_ps(r_k + 16 * i));
     mx = _mm512_max_ps(mx, x[i]);
   }
-  const float m_new = std::max(*max, _mm512_reduce_max_ps(mx));
-  *rescale = std::exp(*max - m_new);
-  *max = m_new;
+  // In log2 units: the old maximum converted, the new one the larger.
+  const float old2 = *max * kLog2e;
+  const float m_new = std::max(old2, _mm512_reduce_max_ps(mx));
+  // Past the first tiles the running maximum rarely moves: no exponential then.
+  *rescale = m_new == old2 ? 1.0f : std::exp2(old2 - m_new);
+  *max = m_new * kLn2;
   const __m512 mv = _mm512_set1_ps(m_new);
   __m512 psum = _mm512_setzero_ps(), bsum = _mm512_setzero_ps(), pmax = _mm512_setzero_ps();
+  __m512 xsum = _mm512_setzero_ps();
   for (size_t i = 0; i < kVecs; ++i) {
-    const __m512 pr = ExpNonPositive(_mm512_sub_ps(x[i], mv));
+    const __m512 pr = Exp2NonPositive(_mm512_sub_ps(x[i], mv));
     psum = _mm512_add_ps(psum, pr);
     bsum = _mm512_fmadd_ps(pr, _mm512_loadu_ps(b_v + 16 * i), bsum);
     x[i] = _mm512_mul_ps(pr, _mm512_loadu_ps(a_v + 16 * i));
+    xsum = _mm512_add_ps(xsum, x[i]);
     pmax = _mm512_max_ps(pmax, x[i]);
   }
   *sum = *sum * *rescale + _mm512_reduce_add_ps(psum);
@@ -306,23 +321,23 @@ KVARN_VNNI_ATTR inline void SoftmaxWeights(const int32_t* HWY_RESTRICT si, float
   float residual = 0.0f, scale = 0.0f;
   if (m > 0.0f) {
     scale = m / 255.0f;
-    const __m512 inv = _mm512_set1_ps(255.0f / m), sv = _mm512_set1_ps(scale);
+    const __m512 inv = _mm512_set1_ps(255.0f / m);
     // Natural tokens 32k + 2l + plane: interleave the two planes of each chunk.
     const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     const __m512i hi =
         _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
-    __m512 res = _mm512_setzero_ps();
+    __m512i qsum = _mm512_setzero_si512();
     for (size_t i = 0; i < kVecs; i += 2) {
       const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x[i], inv));  // nearest even
       const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x[i + 1], inv));
-      res = _mm512_add_ps(res, _mm512_fnmadd_ps(_mm512_cvtepi32_ps(q0), sv, x[i]));
-      res = _mm512_add_ps(res, _mm512_fnmadd_ps(_mm512_cvtepi32_ps(q1), sv, x[i + 1]));
+      qsum = _mm512_add_epi32(qsum, _mm512_add_epi32(q0, q1));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(w + 16 * i),
                        _mm512_cvtusepi32_epi8(_mm512_permutex2var_epi32(q0, lo, q1)));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(w + 16 * i + 16),
                        _mm512_cvtusepi32_epi8(_mm512_permutex2var_epi32(q0, hi, q1)));
     }
-    residual = _mm512_reduce_add_ps(res);
+    // The rounded weights are at most 255 each, so their sum is exact in float.
+    residual = _mm512_reduce_add_ps(xsum) - scale * static_cast<float>(_mm512_reduce_add_epi32(qsum));
   } else {
     for (size_t i = 0; i < 16 * kVecs; ++i) w[i] = 0;
   }
