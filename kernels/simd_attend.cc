@@ -368,6 +368,20 @@ void ValueSumsInt(const uint8_t* codes, size_t g, const uint8_t* wu, int32_t* vi
   vnni::ValueSums<H>(codes, g, wu, vi, pf);
 }
 
+// The softmax and weights of query heads h0 .. h0 + H - 1 (vnni::SoftmaxWeights).
+template <int H>
+void SoftmaxInt(size_t g, IntScratch& is, int h0, const vnni::SoftmaxHeads& in, const float* r_k,
+                const float* a_v, const float* b_v, SoftmaxState& st, float* rescale, float* pb) {
+  const size_t at = static_cast<size_t>(h0) * g;
+  if (g == 128) {
+    vnni::SoftmaxWeights<H, 8>(is.si + at, is.si_lo + at, in, r_k, a_v, b_v, &st.max[h0],
+                               &st.sum[h0], &rescale[h0], is.wu + at, &is.wscale[h0], &pb[h0]);
+  } else {
+    vnni::SoftmaxWeights<H, 4>(is.si + at, is.si_lo + at, in, r_k, a_v, b_v, &st.max[h0],
+                               &st.sum[h0], &rescale[h0], is.wu + at, &is.wscale[h0], &pb[h0]);
+  }
+}
+
 // AttendTile with integer dot products (see the top of the file).
 void AttendTileFast(const Preset& p, size_t d, int heads, const uint8_t* record,
                     const uint8_t* next, const RecordLayout& l, float scale, AttendScratch& s,
@@ -421,18 +435,20 @@ void AttendTileFast(const Preset& p, size_t d, int heads, const uint8_t* record,
   }
 
   float rescale[64], pb[64];
-  for (int h = 0; h < heads; ++h) {
-    const int32_t* si = is.si + h * g;
-    const int32_t* si_lo = is.refined[h] ? is.si_lo + h * g : nullptr;
-    uint8_t* wu = is.wu + h * g;
-    if (g == 128) {
-      vnni::SoftmaxWeights<8>(si, scale * is.qscale[h], si_lo, scale * is.qscale_lo[h],
-                              scale * beta[h], r_k, a_v, b_v, &st.max[h], &st.sum[h],
-                              &rescale[h], wu, &is.wscale[h], &pb[h]);
-    } else {
-      vnni::SoftmaxWeights<4>(si, scale * is.qscale[h], si_lo, scale * is.qscale_lo[h],
-                              scale * beta[h], r_k, a_v, b_v, &st.max[h], &st.sum[h],
-                              &rescale[h], wu, &is.wscale[h], &pb[h]);
+  for (int h0 = 0; h0 < heads; h0 += kMaxHeadBlock) {
+    const int hb = std::min(kMaxHeadBlock, heads - h0);
+    vnni::SoftmaxHeads in{};
+    for (int j = 0; j < hb; ++j) {
+      in.qscale[j] = scale * is.qscale[h0 + j];
+      in.qscale_lo[j] = scale * is.qscale_lo[h0 + j];
+      in.beta[j] = scale * beta[h0 + j];
+      in.refined[j] = is.refined[h0 + j];
+    }
+    switch (hb) {
+      case 1: SoftmaxInt<1>(g, is, h0, in, r_k, a_v, b_v, st, rescale, pb); break;
+      case 2: SoftmaxInt<2>(g, is, h0, in, r_k, a_v, b_v, st, rescale, pb); break;
+      case 3: SoftmaxInt<3>(g, is, h0, in, r_k, a_v, b_v, st, rescale, pb); break;
+      default: SoftmaxInt<4>(g, is, h0, in, r_k, a_v, b_v, st, rescale, pb); break;
     }
   }
   for (int h0 = 0; h0 < heads; h0 += kMaxHeadBlock) {

@@ -220,7 +220,8 @@ KVARN_VNNI_ATTR inline QueryLevels FoldQuery(const float* HWY_RESTRICT q,
     _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + 16 * i), _mm512_cvtsepi32_epi8(qv));
   }
   // What is left after rounding, summed: sum x - s_hi * sum hi (the integer sum is exact).
-  const float left = _mm512_reduce_add_ps(xsum) - r.s_hi * static_cast<float>(_mm512_reduce_add_epi32(qsum));
+  const float left =
+      _mm512_reduce_add_ps(xsum) - r.s_hi * static_cast<float>(_mm512_reduce_add_epi32(qsum));
   r.refined = r.s_hi * std::sqrt(16.0f * vecs / 12.0f) * score_gain > refine_above;
   float rm = 0.0f;
   if (r.refined) {
@@ -228,7 +229,8 @@ KVARN_VNNI_ATTR inline QueryLevels FoldQuery(const float* HWY_RESTRICT q,
     __m512 rmx = _mm512_setzero_ps();
     for (size_t i = 0; i < vecs; ++i) {
       const __m128i h8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi + 16 * i));
-      x[i] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(h8)), sv, x[i]);  // what is left
+      x[i] =
+          _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(h8)), sv, x[i]);  // what is left
       rmx = _mm512_max_ps(rmx, _mm512_abs_ps(x[i]));
     }
     rm = _mm512_reduce_max_ps(rmx);
@@ -253,96 +255,162 @@ KVARN_VNNI_ATTR inline QueryLevels FoldQuery(const float* HWY_RESTRICT q,
 }
 
 // 2^y for y <= 0 (and -inf): y split into an integer n and a fraction f in [-0.5, 0.5], 2^f a
-// degree-4 polynomial fitted here for relative error (measured < 2.7e-6 in float, far below
-// the 1/255 steps the weights are rounded to); vscalefps applies 2^n and underflows
-// gracefully to 0. The scores arrive already in log2 units, so no multiply by log2(e).
+// degree-3 polynomial fitted here for relative error (measured < 7.5e-5 in float: the
+// weights are rounded to 1/255 steps after it, and the normalizer's error stays 50x below
+// that); vscalefps applies 2^n and underflows gracefully to 0. The scores arrive already in
+// log2 units, so no multiply by log2(e).
 KVARN_VNNI_ATTR inline __m512 Exp2NonPositive(__m512 y) {
   const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(y, n);
-  __m512 p = _mm512_set1_ps(9.57007147371769e-3f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.591777339577675e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.40247443318367e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931218504905701e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999992847442627e-1f));
+  __m512 p = _mm512_set1_ps(5.517145246267319e-2f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.426106184720993e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.932609677314758e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999281167984009e-1f));
   return _mm512_scalef_ps(p, n);
 }
 
-// One query head's share of a tile after its key dots, in registers: scores
-// x = (qscale * si + qscale_lo * si_lo + beta) * r_k (si_lo may be null; the softmax scale
-// folded into qscale, qscale_lo and beta by the caller; r_k in token-plane order), the online
-// softmax update of (*max, *sum), and the weights p * a_V rounded to u8 in natural token
-// order (*wscale their scale). Returns in *rescale the factor for the accumulator and in *pb
+// Horizontal reductions of four vectors at once: lane h of the result is the reduction of
+// the h-th argument (14 operations where four separate reductions take 32, and one chain of
+// latency instead of four).
+template <class Op>
+KVARN_VNNI_ATTR inline __m128 Reduce4(__m512 a, __m512 b, __m512 c, __m512 d, Op op) {
+  // 128-bit blocks: [a0+a2, a1+a3, b0+b2, b1+b3] and the same of c, d.
+  const __m512 ab = op(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                       _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 cd = op(_mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(1, 0, 1, 0)),
+                       _mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(3, 2, 3, 2)));
+  // Block h now holds four partial values of argument h.
+  __m512 v = op(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+  v = op(v, _mm512_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));
+  v = op(v, _mm512_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(
+      _mm512_set_epi32(12, 8, 4, 0, 12, 8, 4, 0, 12, 8, 4, 0, 12, 8, 4, 0), v));
+}
+struct AddPs {
+  KVARN_VNNI_ATTR __m512 operator()(__m512 x, __m512 y) const { return _mm512_add_ps(x, y); }
+};
+struct AddEpi32 {  // on integer lanes carried in float vectors
+  KVARN_VNNI_ATTR __m512 operator()(__m512 x, __m512 y) const {
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(x), _mm512_castps_si512(y)));
+  }
+};
+struct MaxPs {
+  KVARN_VNNI_ATTR __m512 operator()(__m512 x, __m512 y) const { return _mm512_max_ps(x, y); }
+};
+// Reduce4 of H <= 4 vectors, lane h for v[h] (the lanes past H repeat v[0]).
+template <int H, class Op>
+KVARN_VNNI_ATTR inline __m128 ReduceHeads(const __m512* v, Op op) {
+  return Reduce4(v[0], v[H > 1 ? 1 : 0], v[H > 2 ? 2 : 0], v[H > 3 ? 3 : 0], op);
+}
+
+// H query heads' share of a tile after their key dots, H at most 4 (arrays indexed by head;
+// si, si_lo and w point at head 0's rows, g apart): scores
+// x = (qscale * si + qscale_lo * si_lo + beta) * r_k (si_lo only where refined; the softmax
+// scale folded into qscale, qscale_lo and beta by the caller; r_k in token-plane order), the
+// online softmax update of (max, sum), and the weights p * a_V rounded to u8 in natural token
+// order (wscale their scale). Returns in rescale the factor for the accumulator and in pb
 // sum_t p b_V plus what the weights' rounding drops on average (mean value code 1.5).
 // The scores are taken in log2 units (log2(e) folded into the three scalars), so the
-// exponentials are plain powers of two; *max stays in nats, as the fp16 paths keep it. What
+// exponentials are plain powers of two; max stays in nats, as the fp16 paths keep it. What
 // the rounding drops is sum(p a_V) - scale * sum(rounded): two running sums, one of them
-// integer, in place of a per-weight remainder.
-template <size_t kVecs>  // g / 16, at most 8
-KVARN_VNNI_ATTR inline void SoftmaxWeights(const int32_t* HWY_RESTRICT si, float qscale,
-                                           const int32_t* HWY_RESTRICT si_lo, float qscale_lo,
-                                           float beta, const float* HWY_RESTRICT r_k,
-                                           const float* HWY_RESTRICT a_v,
-                                           const float* HWY_RESTRICT b_v, float* max, float* sum,
-                                           float* rescale, uint8_t* HWY_RESTRICT w, float* wscale,
-                                           float* pb) {
+// integer, in place of a per-weight remainder. The scale vectors are loaded once for the H
+// heads, and their horizontal reductions go together (Reduce4 reduces each argument by the
+// same tree, so a head's results do not depend on its group).
+struct SoftmaxHeads {
+  float qscale[4], qscale_lo[4], beta[4];
+  bool refined[4];
+};
+template <int H, size_t kVecs>  // kVecs = g / 16, at most 8
+KVARN_VNNI_ATTR inline void SoftmaxWeights(
+    const int32_t* HWY_RESTRICT si, const int32_t* HWY_RESTRICT si_lo, const SoftmaxHeads& in,
+    const float* HWY_RESTRICT r_k, const float* HWY_RESTRICT a_v, const float* HWY_RESTRICT b_v,
+    float* max, float* sum, float* rescale, uint8_t* HWY_RESTRICT w, float* wscale, float* pb) {
   constexpr float kLog2e = 1.44269504088896341f, kLn2 = 0.693147180559945309f;
-  const __m512 qs = _mm512_set1_ps(qscale * kLog2e), qs_lo = _mm512_set1_ps(qscale_lo * kLog2e);
-  const __m512 bv = _mm512_set1_ps(beta * kLog2e);
-  __m512 x[kVecs];
-  __m512 mx = _mm512_set1_ps(-HUGE_VALF);
+  constexpr size_t g = 16 * kVecs;
+  alignas(64) float x[H][g];
+  __m512 qs[H], qs_lo[H], bv[H], mx[H];
+  for (int h = 0; h < H; ++h) {
+    qs[h] = _mm512_set1_ps(in.qscale[h] * kLog2e);
+    qs_lo[h] = _mm512_set1_ps(in.qscale_lo[h] * kLog2e);
+    bv[h] = _mm512_set1_ps(in.beta[h] * kLog2e);
+    mx[h] = _mm512_set1_ps(-HUGE_VALF);
+  }
   for (size_t i = 0; i < kVecs; ++i) {
-    const __m512 dot = _mm512_cvtepi32_ps(_mm512_loadu_si512(si + 16 * i));
-    __m512 y = _mm512_fmadd_ps(dot, qs, bv);
-    if (si_lo != nullptr) {
-      y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(si_lo + 16 * i)), qs_lo, y);
+    const __m512 rk = _mm512_loadu_ps(r_k + 16 * i);
+    for (int h = 0; h < H; ++h) {
+      const __m512 dot = _mm512_cvtepi32_ps(_mm512_loadu_si512(si + h * g + 16 * i));
+      __m512 y = _mm512_fmadd_ps(dot, qs[h], bv[h]);
+      if (in.refined[h]) {
+        y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(si_lo + h * g + 16 * i)),
+                            qs_lo[h], y);
+      }
+      const __m512 xv = _mm512_mul_ps(y, rk);
+      _mm512_store_ps(x[h] + 16 * i, xv);
+      mx[h] = _mm512_max_ps(mx[h], xv);
     }
-    x[i] = _mm512_mul_ps(y, _mm512_loadu_ps(r_k + 16 * i));
-    mx = _mm512_max_ps(mx, x[i]);
   }
-  // In log2 units: the old maximum converted, the new one the larger.
-  const float old2 = *max * kLog2e;
-  const float m_new = std::max(old2, _mm512_reduce_max_ps(mx));
-  // Past the first tiles the running maximum rarely moves: no exponential then.
-  *rescale = m_new == old2 ? 1.0f : std::exp2(old2 - m_new);
-  *max = m_new * kLn2;
-  const __m512 mv = _mm512_set1_ps(m_new);
-  __m512 psum = _mm512_setzero_ps(), bsum = _mm512_setzero_ps(), pmax = _mm512_setzero_ps();
-  __m512 xsum = _mm512_setzero_ps();
+  alignas(16) float tile_max[4];
+  _mm_store_ps(tile_max, ReduceHeads<H>(mx, MaxPs()));
+  __m512 mv[H], psum[H], bsum[H], pmax[H], xsum[H];
+  for (int h = 0; h < H; ++h) {
+    // In log2 units: the old maximum converted, the new one the larger.
+    const float old2 = max[h] * kLog2e;
+    const float m_new = std::max(old2, tile_max[h]);
+    // Past the first tiles the running maximum rarely moves: no exponential then.
+    rescale[h] = m_new == old2 ? 1.0f : std::exp2(old2 - m_new);
+    max[h] = m_new * kLn2;
+    mv[h] = _mm512_set1_ps(m_new);
+    psum[h] = bsum[h] = pmax[h] = xsum[h] = _mm512_setzero_ps();
+  }
   for (size_t i = 0; i < kVecs; ++i) {
-    const __m512 pr = Exp2NonPositive(_mm512_sub_ps(x[i], mv));
-    psum = _mm512_add_ps(psum, pr);
-    bsum = _mm512_fmadd_ps(pr, _mm512_loadu_ps(b_v + 16 * i), bsum);
-    x[i] = _mm512_mul_ps(pr, _mm512_loadu_ps(a_v + 16 * i));
-    xsum = _mm512_add_ps(xsum, x[i]);
-    pmax = _mm512_max_ps(pmax, x[i]);
+    const __m512 av = _mm512_loadu_ps(a_v + 16 * i), bvv = _mm512_loadu_ps(b_v + 16 * i);
+    for (int h = 0; h < H; ++h) {
+      const __m512 pr = Exp2NonPositive(_mm512_sub_ps(_mm512_load_ps(x[h] + 16 * i), mv[h]));
+      psum[h] = _mm512_add_ps(psum[h], pr);
+      bsum[h] = _mm512_fmadd_ps(pr, bvv, bsum[h]);
+      const __m512 xv = _mm512_mul_ps(pr, av);
+      _mm512_store_ps(x[h] + 16 * i, xv);
+      xsum[h] = _mm512_add_ps(xsum[h], xv);
+      pmax[h] = _mm512_max_ps(pmax[h], xv);
+    }
   }
-  *sum = *sum * *rescale + _mm512_reduce_add_ps(psum);
-  const float m = _mm512_reduce_max_ps(pmax);
-  float residual = 0.0f, scale = 0.0f;
-  if (m > 0.0f) {
-    scale = m / 255.0f;
-    const __m512 inv = _mm512_set1_ps(255.0f / m);
-    // Natural tokens 32k + 2l + plane: interleave the two planes of each chunk.
-    const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    const __m512i hi =
-        _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
-    __m512i qsum = _mm512_setzero_si512();
-    for (size_t i = 0; i < kVecs; i += 2) {
-      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x[i], inv));  // nearest even
-      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x[i + 1], inv));
-      qsum = _mm512_add_epi32(qsum, _mm512_add_epi32(q0, q1));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(w + 16 * i),
+  alignas(16) float ps[4], bs[4], xs[4], wmax[4];
+  _mm_store_ps(ps, ReduceHeads<H>(psum, AddPs()));
+  _mm_store_ps(bs, ReduceHeads<H>(bsum, AddPs()));
+  _mm_store_ps(xs, ReduceHeads<H>(xsum, AddPs()));
+  _mm_store_ps(wmax, ReduceHeads<H>(pmax, MaxPs()));
+  // Natural tokens 32k + 2l + plane: interleave the two planes of each chunk.
+  const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+  __m512 inv[H];
+  __m512 qsum[H];  // integer lanes
+  for (int h = 0; h < H; ++h) {
+    sum[h] = sum[h] * rescale[h] + ps[h];
+    wscale[h] = wmax[h] > 0.0f ? wmax[h] / 255.0f : 0.0f;
+    inv[h] = _mm512_set1_ps(wmax[h] > 0.0f ? 255.0f / wmax[h] : 0.0f);
+    qsum[h] = _mm512_setzero_ps();
+  }
+  for (size_t i = 0; i < kVecs; i += 2) {
+    for (int h = 0; h < H; ++h) {
+      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(x[h] + 16 * i), inv[h]));
+      const __m512i q1 =
+          _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(x[h] + 16 * i + 16), inv[h]));
+      qsum[h] = AddEpi32()(qsum[h], _mm512_castsi512_ps(_mm512_add_epi32(q0, q1)));
+      uint8_t* wh = w + h * g + 16 * i;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(wh),
                        _mm512_cvtusepi32_epi8(_mm512_permutex2var_epi32(q0, lo, q1)));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(w + 16 * i + 16),
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(wh + 16),
                        _mm512_cvtusepi32_epi8(_mm512_permutex2var_epi32(q0, hi, q1)));
     }
-    // The rounded weights are at most 255 each, so their sum is exact in float.
-    residual = _mm512_reduce_add_ps(xsum) - scale * static_cast<float>(_mm512_reduce_add_epi32(qsum));
-  } else {
-    for (size_t i = 0; i < 16 * kVecs; ++i) w[i] = 0;
   }
-  *wscale = scale;
-  *pb = _mm512_reduce_add_ps(bsum) + 1.5f * residual;
+  alignas(16) float qs_sum[4];
+  _mm_store_ps(qs_sum, _mm_cvtepi32_ps(_mm_castps_si128(ReduceHeads<H>(qsum, AddEpi32()))));
+  for (int h = 0; h < H; ++h) {
+    // The rounded weights are at most 255 each, so their sum is exact in float.
+    const float residual = wmax[h] > 0.0f ? xs[h] - wscale[h] * qs_sum[h] : 0.0f;
+    pb[h] = bs[h] + 1.5f * residual;
+  }
 }
 
 }  // namespace vnni
