@@ -41,18 +41,6 @@ uint64_t RandomEpoch() {
   return e;
 }
 
-HashNamespaceInput NamespaceBase(const ModelConfig& m, const Preset& p) {
-  HashNamespaceInput in;
-  in.model_id = m.model_id;
-  in.num_layers = m.num_layers;
-  in.num_kv_heads = m.num_kv_heads;
-  in.head_dim = m.head_dim;
-  in.tile_tokens = static_cast<uint32_t>(p.tile_tokens);
-  in.preset = p.Name();
-  in.sink_tokens = m.sink_tokens;
-  return in;
-}
-
 }  // namespace
 
 absl::StatusOr<PoolPlan> KvCore::Plan(const CoreConfig& config) {

@@ -26,7 +26,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "common/prefix_hash.h"
+#include "daemon/core/core_types.h"
 #include "daemon/core/quota.h"
+#include "kernels/preset.h"
 
 namespace kvarn {
 
@@ -49,6 +51,10 @@ struct TenantSpec {
 // NAME and group: 1..64 of [A-Za-z0-9._-]. SIZE as in common/units.h. INVALID_ARGUMENT naming
 // the line for anything else (unknown key, duplicate tenant, missing token).
 absl::StatusOr<std::vector<TenantSpec>> ParseTenants(absl::string_view text);
+
+// The namespace fields of a pool of this model and preset (tenant_salt left empty): what
+// every prefix hash of the pool is salted with before the tenant's part.
+HashNamespaceInput NamespaceBase(const ModelConfig& m, const Preset& p);
 
 struct Tenant {
   std::string name;

@@ -43,6 +43,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/prefix_hash.h"
 #include "daemon/core/block_record.h"
+#include "daemon/core/tenants.h"
 #include "daemon/tiers/disk_tier.h"
 #include "daemon/tiers/memcached_tier.h"
 #include "kernels/preset.h"
@@ -170,14 +171,7 @@ Workload MakeWorkload(const Flags& f, const Preset& p, size_t blocks, uint32_t s
     const uint64_t x = rng();
     std::memcpy(w.payload.data() + i, &x, 8);
   }
-  HashNamespaceInput ns_in;
-  ns_in.model_id = model.model_id;
-  ns_in.num_layers = model.num_layers;
-  ns_in.num_kv_heads = model.num_kv_heads;
-  ns_in.head_dim = model.head_dim;
-  ns_in.tile_tokens = static_cast<uint32_t>(p.tile_tokens);
-  ns_in.preset = model.preset;
-  ns_in.sink_tokens = model.sink_tokens;
+  HashNamespaceInput ns_in = NamespaceBase(model, p);
   ns_in.tenant_salt = TenantSalt(absl::StrCat("bench-", salt), "bench-secret");
   const BlockHash ns = NamespaceDigest(ns_in);
   std::vector<uint32_t> tokens(static_cast<size_t>(p.tile_tokens));

@@ -210,6 +210,16 @@ absl::StatusOr<SequenceTable> Prefill(Session& s, std::span<const uint32_t> prom
   return AppendTokens(s, q->id, prompt, q->cached_tokens, prompt.size());
 }
 
+absl::Status PrefillAndRelease(Session& s, std::span<const uint32_t> prompt,
+                               std::vector<std::string>* bytes) {
+  uint64_t seq = 0;
+  auto t = Prefill(s, prompt, &seq);
+  if (!t.ok()) return t.status();
+  if (bytes != nullptr) *bytes = BlockBytes(s, *t);
+  const uint64_t ids[] = {seq};
+  return s.Release(ids);
+}
+
 // The adoptable tiles of a prompt of `tiles` full tiles and 10 more tokens: all `tiles`.
 std::vector<uint32_t> Prompt(uint32_t first, size_t tiles) {
   return Tokens(first, tiles * kTile + 10);
@@ -236,10 +246,7 @@ std::vector<std::string> SmallPoolFlags() {
 // advances): churn that makes a small pool evict.
 absl::Status Churn(Session& s, uint32_t* first, int n, size_t tiles) {
   for (int i = 0; i < n; ++i, *first += 1000) {
-    uint64_t seq = 0;
-    if (absl::Status st = Prefill(s, Prompt(*first, tiles), &seq).status(); !st.ok()) return st;
-    const uint64_t ids[] = {seq};
-    if (absl::Status st = s.Release(ids); !st.ok()) return st;
+    if (absl::Status st = PrefillAndRelease(s, Prompt(*first, tiles)); !st.ok()) return st;
   }
   return absl::OkStatus();
 }

@@ -59,6 +59,10 @@ absl::Status AwaitWritten(Session& s, const std::string& tier, uint64_t blocks);
 // tiles are sealed); the sequence's final table.
 absl::StatusOr<SequenceTable> Prefill(Session& s, std::span<const uint32_t> prompt,
                                       uint64_t* seq = nullptr);
+// Prefill, then releases the sequence; with `bytes`, the bytes of every block of its table,
+// read before the release.
+absl::Status PrefillAndRelease(Session& s, std::span<const uint32_t> prompt,
+                               std::vector<std::string>* bytes = nullptr);
 // A prompt of `tiles` full tiles and 10 more tokens: all `tiles` are adoptable.
 std::vector<uint32_t> Prompt(uint32_t first, size_t tiles);
 

@@ -124,13 +124,8 @@ TEST_F(TiersTest, EvictedPromptComesBackFromTheDiskTier) {
 
   constexpr size_t kTiles = 4;  // the sink and 3 quantized blocks
   const std::vector<uint32_t> a = Prompt(90000, kTiles);
-  uint64_t seq = 0;
-  IT_ASSIGN_OR_FAIL(ta, Prefill(*s, a, &seq));
-  const std::vector<std::string> bytes_a = BlockBytes(*s, ta);
-  {
-    const uint64_t ids[] = {seq};
-    IT_ASSERT_OK(s->Release(ids));
-  }
+  std::vector<std::string> bytes_a;
+  IT_ASSERT_OK(PrefillAndRelease(*s, a, &bytes_a));
   // Other prompts until A has left the pool entirely (each prompt: 1 sink + 3 quantized).
   // At every step, what the pool let go of A is on disk: the pool and the disk together
   // always hold all of A's prefix.
@@ -142,11 +137,7 @@ TEST_F(TiersTest, EvictedPromptComesBackFromTheDiskTier) {
         << "after " << others << " other prompts";
     partly |= look.pool_tokens() > 0 && look.pool_tokens() < kTiles * kTile;
     if (look.pool_tokens() == 0) break;
-    uint64_t other_seq = 0;
-    const std::vector<uint32_t> o = Prompt(91000 + 1000 * others, kTiles);
-    IT_ASSERT_OK(Prefill(*s, o, &other_seq).status());
-    const uint64_t ids[] = {other_seq};
-    IT_ASSERT_OK(s->Release(ids));
+    IT_ASSERT_OK(PrefillAndRelease(*s, Prompt(91000 + 1000 * others, kTiles)));
   }
   IT_ASSIGN_OR_FAIL(look, s->LookupTiers(a));
   EXPECT_EQ(look.pool_tokens(), 0u)
@@ -193,12 +184,7 @@ TEST_F(TiersTest, BlockDroppedByTheDiskLruGoesBackToDiskWhenThePoolEvictsIt) {
   const std::vector<uint32_t> x = Prompt(200000, kTiles);
   const std::vector<BlockHash> hx = Hashes(*s, x);
   uint32_t first = 300000;
-  {
-    uint64_t seq = 0;
-    ASSERT_TRUE(Prefill(*s, x, &seq).ok());
-    const uint64_t ids[] = {seq};
-    IT_ASSERT_OK(s->Release(ids));
-  }
+  IT_ASSERT_OK(PrefillAndRelease(*s, x));
   // X leaves the pool for the disk...
   for (int i = 0; i < 12; ++i) {
     IT_ASSIGN_OR_FAIL(look, s->LookupTiers(x));
@@ -270,13 +256,8 @@ TEST_F(TiersTest, RecordDamagedWhileRunningIsRefusedAndDeleted) {
   constexpr size_t kTiles = 4;
   const std::vector<uint32_t> a = Prompt(150000, kTiles);
   const std::vector<BlockHash> ha = Hashes(*s, a);
-  uint64_t seq = 0;
-  IT_ASSIGN_OR_FAIL(ta, Prefill(*s, a, &seq));
-  const std::vector<std::string> bytes_a = BlockBytes(*s, ta);
-  {
-    const uint64_t ids[] = {seq};
-    IT_ASSERT_OK(s->Release(ids));
-  }
+  std::vector<std::string> bytes_a;
+  IT_ASSERT_OK(PrefillAndRelease(*s, a, &bytes_a));
   uint32_t first = 160000;
   for (int i = 0; i < 12; ++i) {
     IT_ASSIGN_OR_FAIL(look, s->LookupTiers(a));
