@@ -54,6 +54,9 @@ std::string FlatBytes(const grpc::ByteBuffer& buffer) {
 absl::StatusOr<ServingStatus> CheckHealth(const std::string& target, const ClientOptions& options,
                                           const std::string& service, absl::Duration timeout) {
   grpc::ChannelArguments channel_args;
+  // A connection of its own: a probe answers for the daemon listening now, never through a
+  // connection another channel of this process holds to a daemon that has since gone.
+  channel_args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   auto channel = grpc::CreateCustomChannel(target, Credentials(options, &channel_args), channel_args);
   grpc::GenericStub stub(channel);
   grpc::ClientContext ctx;

@@ -53,6 +53,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // A Client is its own connection. gRPC otherwise shares one connection among all channels
+  // of the process with the same target, and between calls nobody polls it: after a daemon
+  // restart on the same socket, a new Client would be handed the dead daemon's connection
+  // as ready and fail its first call with "Broken pipe".
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   // "unix:/path" and "unix:///path" name a local daemon; its descriptor channel is beside it.
   std::string socket_path;
   if (absl::StartsWith(target, "unix://")) {
