@@ -13,7 +13,8 @@
 //
 // Two paths over quantized tiles: the exact one (the fp32 fold, equal to attention over
 // DecodeTile's output to fp32 rounding) and, for rotating 4-bit-key 2-bit-value presets at
-// D = 128 on CPUs with AVX-512 VNNI and VBMI, the fast one (simd_attend_int-inl.h): per tile
+// D = 128 on CPUs with AVX-512 VNNI and VBMI (simd_attend_int-inl.h) or with AVX2 and neither
+// (simd_attend_avx2-inl.h, vpmaddubsw in place of vpdpbusd), the fast one: per tile
 // and query head the folded query q * a_K is rounded to int8 (in two levels where one could
 // move a score by more than kRefineLogit) and the softmax weights p * a_V to u8, each with
 // one scale, and the dot products over the codes are integer. What the rounding drops on
@@ -36,6 +37,7 @@
 #include "hwy/contrib/math/math-inl.h"
 #include "kernels/simd-inl.h"
 #include "kernels/simd_attend_int-inl.h"
+#include "kernels/simd_attend_avx2-inl.h"
 // clang-format on
 
 #include <algorithm>
@@ -333,7 +335,7 @@ void AttendTile(const Preset& p, size_t d, int heads, const uint8_t* record, con
   }
 }
 
-#if KVARN_ATTEND_VNNI
+#if KVARN_ATTEND_VNNI || KVARN_ATTEND_AVX2INT
 // Working memory of the fast path: D = 128, G <= 128, up to 64 query heads.
 struct IntScratch {
   alignas(64) int8_t qi[64 * 128];     // [H][D] int8 folded queries, natural channel order
@@ -354,9 +356,15 @@ constexpr float kRefineLogit = 0.05f;
 // Rotating presets only: without the rotation (kivi) outlier channels dominate the folded
 // query's int8 scale, and on `kvarnctl codec synth` data the error rose 1.6% (measured).
 bool FastPathApplies(const Preset& p, size_t d) {
-  return vnni::HasVnni() && p.rotates() && p.key_bits == 4 && p.value_bits == 2 && d == 128 &&
+#if KVARN_ATTEND_VNNI
+  if (!vnni::HasVnni()) return false;
+#endif
+  return p.rotates() && p.key_bits == 4 && p.value_bits == 2 && d == 128 &&
          p.tile_tokens % 64 == 0 && p.tile_tokens <= 128;
 }
+#endif  // KVARN_ATTEND_VNNI || KVARN_ATTEND_AVX2INT
+
+#if KVARN_ATTEND_VNNI
 
 template <int H>
 void KeyDotsInt(const uint8_t* codes, size_t g, size_t d, const int8_t* qi, int32_t* si,
@@ -475,6 +483,123 @@ void AttendTileFast(const Preset& p, size_t d, int heads, const uint8_t* record,
   }
 }
 #endif  // KVARN_ATTEND_VNNI
+
+#if KVARN_ATTEND_AVX2INT
+// AttendTile with integer dot products on AVX2 (simd_attend_avx2-inl.h): the folded query and
+// the weights rounded as on the VNNI path, the softmax in fp32 as on the exact path.
+void AttendTileFast(const Preset& p, size_t d, int heads, const uint8_t* record,
+                    const uint8_t* next, const RecordLayout& l, float scale, AttendScratch& s,
+                    IntScratch& is, SoftmaxState& st) {
+  const DF df;
+  const DI di;
+  const size_t N = hn::Lanes(df), g = static_cast<size_t>(p.tile_tokens);
+  float* HWY_RESTRICT a_k = s.a_k.get();
+  float* HWY_RESTRICT b_k = s.b_k.get();
+  float* HWY_RESTRICT r_k = s.r_k.get();
+  float* HWY_RESTRICT a_v = s.a_v.get();
+  float* HWY_RESTRICT b_v = s.b_v.get();
+  float* HWY_RESTRICT c_v = s.c_v.get();
+  const float* HWY_RESTRICT queries = s.q.get();
+  float* HWY_RESTRICT scores = s.scores.get();
+  float* HWY_RESTRICT acc_q = s.acc_q.get();
+  Prefetcher prefetch(next, l.total);
+  WidenScales(p, d, record, l, s);
+
+  // As on the VNNI path: a head takes a second int8 level where the first one's rounding
+  // could move a score by more than kRefineLogit nats; the decision is the head's own.
+  VF rmax = hn::Zero(df);
+  for (size_t i = 0; i < g; i += N) rmax = hn::Max(rmax, hn::Abs(hn::LoadU(df, r_k + i)));
+  const float score_gain = scale * ReduceMax(rmax) * 4.6f;
+  float beta[64];
+  for (int h = 0; h < heads; ++h) {
+    const avx2int::QueryLevels lv = avx2int::FoldQuery(
+        queries + h * d, a_k, b_k, score_gain, kRefineLogit, is.qi + h * d, is.qi_lo + h * d);
+    is.refined[h] = lv.refined;
+    is.qscale[h] = lv.s_hi;
+    is.qscale_lo[h] = lv.s_lo;
+    beta[h] = lv.beta;
+  }
+  const uint8_t* k_codes = record + l.k_codes;
+  for (int h0 = 0; h0 < heads; h0 += kMaxHeadBlock) {
+    const int hb = std::min(kMaxHeadBlock, heads - h0);
+    bool refine = false;
+    for (int h = h0; h < h0 + hb; ++h) refine |= is.refined[h];
+    for (int level = 0; level < (refine ? 2 : 1); ++level) {
+      const int8_t* qi = (level == 0 ? is.qi : is.qi_lo) + h0 * d;
+      int32_t* si = (level == 0 ? is.si : is.si_lo) + h0 * g;
+      switch (hb) {
+        case 1: avx2int::KeyDots<1>(k_codes, g, d, qi, si, prefetch); break;
+        case 2: avx2int::KeyDots<2>(k_codes, g, d, qi, si, prefetch); break;
+        case 3: avx2int::KeyDots<3>(k_codes, g, d, qi, si, prefetch); break;
+        default: avx2int::KeyDots<4>(k_codes, g, d, qi, si, prefetch); break;
+      }
+    }
+  }
+
+  float rescale[64], pb[64];
+  for (int h = 0; h < heads; ++h) {
+    float* HWY_RESTRICT sc = scores + h * g;
+    const int32_t* HWY_RESTRICT si = is.si + h * g;
+    const int32_t* HWY_RESTRICT si_lo = is.si_lo + h * g;
+    const VF qs = hn::Set(df, is.qscale[h]), qs_lo = hn::Set(df, is.qscale_lo[h]);
+    const VF bv = hn::Set(df, beta[h]), scv = hn::Set(df, scale);
+    VF mx = hn::Set(df, -HUGE_VALF);
+    for (size_t i = 0; i < g; i += N) {
+      VF y = hn::MulAdd(hn::ConvertTo(df, hn::LoadU(di, si + i)), qs, bv);
+      if (is.refined[h]) y = hn::MulAdd(hn::ConvertTo(df, hn::LoadU(di, si_lo + i)), qs_lo, y);
+      const VF x = hn::Mul(hn::Mul(y, hn::LoadU(df, r_k + i)), scv);
+      hn::StoreU(x, df, sc + i);
+      mx = hn::Max(mx, x);
+    }
+    const float m_new = std::max(st.max[h], ReduceMax(mx));
+    rescale[h] = m_new == st.max[h] ? 1.0f : std::exp(st.max[h] - m_new);
+    st.max[h] = m_new;
+    const VF mv = hn::Set(df, m_new);
+    VF psum = hn::Zero(df), bsum = hn::Zero(df), xsum = hn::Zero(df), pmax = hn::Zero(df);
+    for (size_t i = 0; i < g; i += N) {
+      const VF pr = hn::Exp(df, hn::Sub(hn::LoadU(df, sc + i), mv));
+      psum = hn::Add(psum, pr);
+      bsum = hn::MulAdd(pr, hn::LoadU(df, b_v + i), bsum);
+      const VF xv = hn::Mul(pr, hn::LoadU(df, a_v + i));  // p * a_V
+      hn::StoreU(xv, df, sc + i);
+      xsum = hn::Add(xsum, xv);
+      pmax = hn::Max(pmax, xv);
+    }
+    st.sum[h] = st.sum[h] * rescale[h] + ReduceSum(psum);
+    const float wmax = ReduceMax(pmax);
+    is.wscale[h] = wmax > 0.0f ? wmax / 255.0f : 0.0f;
+    const __m256 inv = _mm256_set1_ps(wmax > 0.0f ? 255.0f / wmax : 0.0f);
+    __m256i qsum = _mm256_setzero_si256();
+    for (size_t i = 0; i < g; i += 2 * N) {
+      qsum = _mm256_add_epi32(qsum, avx2int::RoundWeights16(_mm256_loadu_ps(sc + i),
+                                                            _mm256_loadu_ps(sc + i + N), inv,
+                                                            is.wu + h * g + i));
+    }
+    // The rounded weights are at most 255 each, so their sum is exact in float.
+    const float qs_sum = static_cast<float>(hn::GetLane(hn::SumOfLanes(di, hn::Vec<DI>{qsum})));
+    const float residual = wmax > 0.0f ? ReduceSum(xsum) - is.wscale[h] * qs_sum : 0.0f;
+    pb[h] = ReduceSum(bsum) + 1.5f * residual;
+  }
+  const uint8_t* v_codes = record + l.v_codes;
+  for (int h0 = 0; h0 < heads; h0 += 2) {  // two heads' sixteen accumulators fill the registers
+    if (heads - h0 >= 2) {
+      avx2int::ValueSums<2>(v_codes, g, is.wu + h0 * g, is.vi + h0 * d, prefetch);
+    } else {
+      avx2int::ValueSums<1>(v_codes, g, is.wu + h0 * g, is.vi + h0 * d, prefetch);
+    }
+  }
+  for (int h = 0; h < heads; ++h) {
+    float* HWY_RESTRICT acc = acc_q + h * d;
+    const int32_t* HWY_RESTRICT vi = is.vi + h * d;
+    const VF rs = hn::Set(df, rescale[h]), pbv = hn::Set(df, pb[h]), ws = hn::Set(df, is.wscale[h]);
+    for (size_t c = 0; c < d; c += N) {
+      const VF sum = hn::Mul(hn::ConvertTo(df, hn::LoadU(di, vi + c)), ws);
+      const VF add = hn::Mul(hn::Add(sum, pbv), hn::LoadU(df, c_v + c));
+      hn::StoreU(hn::MulAdd(hn::LoadU(df, acc + c), rs, add), df, acc + c);
+    }
+  }
+}
+#endif  // KVARN_ATTEND_AVX2INT
 
 // scores[h][t] = scale * q[h] . k[t] for H heads; each key vector is widened once.
 template <int H>
@@ -609,7 +734,7 @@ CodecStatus AttendImpl(const Preset& preset, int head_dim, const float* queries,
     const RecordLayout l = preset.Layout(head_dim);
     const TileDotsFn dots = SelectTileDots(preset.key_bits, preset.value_bits);
     bool fast = false;
-#if KVARN_ATTEND_VNNI
+#if KVARN_ATTEND_VNNI || KVARN_ATTEND_AVX2INT
     fast = !exact && FastPathApplies(preset, d);
     if (fast) {
       thread_local IntScratch is;
