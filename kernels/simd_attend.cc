@@ -542,7 +542,10 @@ void AttendTileFast(const Preset& p, size_t d, int heads, const uint8_t* record,
     const int32_t* HWY_RESTRICT si = is.si + h * g;
     const int32_t* HWY_RESTRICT si_lo = is.si_lo + h * g;
     const VF qs = hn::Set(df, is.qscale[h]), qs_lo = hn::Set(df, is.qscale_lo[h]);
-    const VF bv = hn::Set(df, beta[h]), scv = hn::Set(df, scale);
+    // Scores in log2 units (log2(e) folded into the scale), so the exponentials are powers
+    // of two, as on the VNNI path; the running maximum stays in nats.
+    constexpr float kLog2e = 1.44269504088896341f, kLn2 = 0.693147180559945309f;
+    const VF bv = hn::Set(df, beta[h]), scv = hn::Set(df, scale * kLog2e);
     VF mx = hn::Set(df, -HUGE_VALF);
     for (size_t i = 0; i < g; i += N) {
       VF y = hn::MulAdd(hn::ConvertTo(df, hn::LoadU(di, si + i)), qs, bv);
@@ -551,13 +554,14 @@ void AttendTileFast(const Preset& p, size_t d, int heads, const uint8_t* record,
       hn::StoreU(x, df, sc + i);
       mx = hn::Max(mx, x);
     }
-    const float m_new = std::max(st.max[h], ReduceMax(mx));
-    rescale[h] = m_new == st.max[h] ? 1.0f : std::exp(st.max[h] - m_new);
-    st.max[h] = m_new;
+    const float old2 = st.max[h] * kLog2e;
+    const float m_new = std::max(old2, ReduceMax(mx));
+    rescale[h] = m_new == old2 ? 1.0f : std::exp2(old2 - m_new);
+    st.max[h] = m_new * kLn2;
     const VF mv = hn::Set(df, m_new);
     VF psum = hn::Zero(df), bsum = hn::Zero(df), xsum = hn::Zero(df), pmax = hn::Zero(df);
     for (size_t i = 0; i < g; i += N) {
-      const VF pr = hn::Exp(df, hn::Sub(hn::LoadU(df, sc + i), mv));
+      const VF pr{avx2int::Exp2NonPositive(hn::Sub(hn::LoadU(df, sc + i), mv).raw)};
       psum = hn::Add(psum, pr);
       bsum = hn::MulAdd(pr, hn::LoadU(df, b_v + i), bsum);
       const VF xv = hn::Mul(pr, hn::LoadU(df, a_v + i));  // p * a_V

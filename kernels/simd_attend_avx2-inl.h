@@ -66,8 +66,8 @@ HWY_INLINE void KeyDots(const uint8_t* HWY_RESTRICT codes, size_t g, size_t d,
   const size_t row_bytes = g / 2;
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   for (size_t k = 0; k < row_bytes; k += 8) {  // 16 tokens: positions 2k .. 2k + 15
-    __m256i acc[H][2];
-    for (int h = 0; h < H; ++h) acc[h][0] = acc[h][1] = _mm256_setzero_si256();
+    // The s32 sums live in `out` between blocks of 32 channels: the registers hold the
+    // 2H s16 sums.
     for (size_t c0 = 0; c0 < d; c0 += 32) {
       __m256i s[H][2];
       for (int h = 0; h < H; ++h) s[h][0] = s[h][1] = _mm256_setzero_si256();
@@ -83,14 +83,12 @@ HWY_INLINE void KeyDots(const uint8_t* HWY_RESTRICT codes, size_t g, size_t d,
         }
       }
       for (int h = 0; h < H; ++h) {
-        acc[h][0] = _mm256_add_epi32(acc[h][0], _mm256_madd_epi16(s[h][0], ones));
-        acc[h][1] = _mm256_add_epi32(acc[h][1], _mm256_madd_epi16(s[h][1], ones));
+        for (int j = 0; j < 2; ++j) {
+          auto* o = reinterpret_cast<__m256i*>(out + h * g + 2 * k + 8 * j);
+          const __m256i sum = _mm256_madd_epi16(s[h][j], ones);
+          _mm256_storeu_si256(o, c0 == 0 ? sum : _mm256_add_epi32(_mm256_loadu_si256(o), sum));
+        }
       }
-    }
-    for (int h = 0; h < H; ++h) {
-      int32_t* o = out + h * g + 2 * k;
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), acc[h][0]);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 8), acc[h][1]);
     }
   }
 }
@@ -210,6 +208,23 @@ HWY_INLINE QueryLevels FoldQuery(const float* HWY_RESTRICT q, const float* HWY_R
   }
   r.beta += 7.5f * ReduceSum(sum);
   return r;
+}
+
+// 2^y for y <= 0 (and -inf), as vnni::Exp2NonPositive: y = n + f with f in [-0.5, 0.5], 2^f
+// the same degree-3 polynomial (relative error < 7.5e-5), 2^n put into the exponent field;
+// below 2^-126 the result is 0 (a weight that small is 0 after its rounding to 1/255 steps).
+HWY_INLINE __m256 Exp2NonPositive(__m256 y) {
+  const __m256 floor = _mm256_set1_ps(-126.0f);
+  const __m256 yc = _mm256_max_ps(y, floor);  // -inf and NaN-free from here
+  const __m256 n = _mm256_round_ps(yc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(yc, n);
+  __m256 p = _mm256_set1_ps(5.517145246267319e-2f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.426106184720993e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.932609677314758e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.999281167984009e-1f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 r = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  return _mm256_and_ps(r, _mm256_cmp_ps(y, floor, _CMP_GT_OQ));
 }
 
 // Rounds 16 weights of one chunk, given in token-plane order (p0: tokens 2j, p1: tokens
