@@ -362,15 +362,78 @@ bool FastPathApplies(const Preset& p, size_t d) {
   return p.rotates() && p.key_bits == 4 && p.value_bits == 2 && d == 128 &&
          p.tile_tokens % 64 == 0 && p.tile_tokens <= 128;
 }
+
+#if KVARN_ATTEND_VNNI
+namespace intk = vnni;  // this target's integer kernels
+#else
+namespace intk = avx2int;
+#endif
+
+// The first half of a fast tile: the record's scales widened, every head's folded query (one
+// or two int8 levels) and the integer key dots of each level into is.si / is.si_lo; beta[h]
+// the head's offset term.
+void BeginFastTile(const Preset& p, size_t d, int heads, const uint8_t* record,
+                   const RecordLayout& l, float scale, AttendScratch& s, IntScratch& is,
+                   float* beta, Prefetcher& pf) {
+  const DF df;
+  const size_t N = hn::Lanes(df), g = static_cast<size_t>(p.tile_tokens);
+  const uint8_t* k_codes = record + l.k_codes;
+  WidenScales(p, d, record, l, s);
+  const float* HWY_RESTRICT r_k = s.r_k.get();
+  // The rounding of the folded query to int8 moves a score by about
+  // scale * r_K * |q a_K - rounded| * (spread of the codes, at most 4.6 for uniform 4-bit
+  // codes): where that could exceed kRefineLogit nats for some token, the head takes a
+  // second int8 level (twice the key dots, errors 1/254 as large). The decision is the
+  // head's own, so a head's output does not depend on the group it is computed in.
+  VF rmax = hn::Zero(df);
+  for (size_t i = 0; i < g; i += N) rmax = hn::Max(rmax, hn::Abs(hn::LoadU(df, r_k + i)));
+  const float score_gain = scale * ReduceMax(rmax) * 4.6f;
+  for (int h = 0; h < heads; ++h) {
+    const intk::QueryLevels lv =
+        intk::FoldQuery(s.q.get() + h * d, s.a_k.get(), s.b_k.get(), d, score_gain,
+                        kRefineLogit, is.qi + h * d, is.qi_lo + h * d);
+    is.refined[h] = lv.refined;
+    is.qscale[h] = lv.s_hi;
+    is.qscale_lo[h] = lv.s_lo;
+    beta[h] = lv.beta;
+  }
+  for (int h0 = 0; h0 < heads; h0 += kMaxHeadBlock) {
+    const int hb = std::min(kMaxHeadBlock, heads - h0);
+    bool refine = false;
+    for (int h = h0; h < h0 + hb; ++h) refine |= is.refined[h];
+    for (int level = 0; level < (refine ? 2 : 1); ++level) {
+      const int8_t* qi = (level == 0 ? is.qi : is.qi_lo) + h0 * d;
+      int32_t* si = (level == 0 ? is.si : is.si_lo) + h0 * g;
+      switch (hb) {
+        case 1: intk::KeyDots<1>(k_codes, g, d, qi, si, pf); break;
+        case 2: intk::KeyDots<2>(k_codes, g, d, qi, si, pf); break;
+        case 3: intk::KeyDots<3>(k_codes, g, d, qi, si, pf); break;
+        default: intk::KeyDots<4>(k_codes, g, d, qi, si, pf); break;
+      }
+    }
+  }
+}
+
+// The last step of a fast tile: acc = acc * rescale + (value sums * wscale + pb) * c_V.
+void AddValueSums(size_t d, int heads, const IntScratch& is, const float* rescale,
+                  const float* pb, const float* HWY_RESTRICT c_v, float* HWY_RESTRICT acc_q) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  for (int h = 0; h < heads; ++h) {
+    float* HWY_RESTRICT acc = acc_q + h * d;
+    const int32_t* HWY_RESTRICT vi = is.vi + h * d;
+    const VF rs = hn::Set(df, rescale[h]), pbv = hn::Set(df, pb[h]), ws = hn::Set(df, is.wscale[h]);
+    for (size_t c = 0; c < d; c += N) {
+      const VF sum = hn::Mul(hn::ConvertTo(df, hn::LoadU(DI(), vi + c)), ws);
+      const VF add = hn::Mul(hn::Add(sum, pbv), hn::LoadU(df, c_v + c));
+      hn::StoreU(hn::MulAdd(hn::LoadU(df, acc + c), rs, add), df, acc + c);
+    }
+  }
+}
 #endif  // KVARN_ATTEND_VNNI || KVARN_ATTEND_AVX2INT
 
 #if KVARN_ATTEND_VNNI
 
-template <int H>
-void KeyDotsInt(const uint8_t* codes, size_t g, size_t d, const int8_t* qi, int32_t* si,
-                Prefetcher& pf) {
-  vnni::KeyDots<H>(codes, g, d, qi, si, pf);
-}
 template <int H>
 void ValueSumsInt(const uint8_t* codes, size_t g, const uint8_t* wu, int32_t* vi, Prefetcher& pf) {
   vnni::ValueSums<H>(codes, g, wu, vi, pf);
@@ -394,53 +457,13 @@ void SoftmaxInt(size_t g, IntScratch& is, int h0, const vnni::SoftmaxHeads& in, 
 void AttendTileFast(const Preset& p, size_t d, int heads, const uint8_t* record,
                     const uint8_t* next, const RecordLayout& l, float scale, AttendScratch& s,
                     IntScratch& is, SoftmaxState& st) {
-  const DF df;
-  const size_t N = hn::Lanes(df), g = static_cast<size_t>(p.tile_tokens);
-  float* HWY_RESTRICT a_k = s.a_k.get();
-  float* HWY_RESTRICT b_k = s.b_k.get();
+  const size_t g = static_cast<size_t>(p.tile_tokens);
   float* HWY_RESTRICT r_k = s.r_k.get();
   float* HWY_RESTRICT a_v = s.a_v.get();
   float* HWY_RESTRICT b_v = s.b_v.get();
-  float* HWY_RESTRICT c_v = s.c_v.get();
-  const float* HWY_RESTRICT queries = s.q.get();
-  float* HWY_RESTRICT scores = s.scores.get();
-  float* HWY_RESTRICT acc_q = s.acc_q.get();
   Prefetcher prefetch(next, l.total);
-  WidenScales(p, d, record, l, s);
-
-  // The rounding of the folded query to int8 moves a score by about
-  // scale * r_K * |q a_K - rounded| * (spread of the codes, at most 4.6 for uniform 4-bit
-  // codes): where that could exceed kRefineLogit nats for some token, the head takes a
-  // second int8 level (twice the key dots, errors 1/254 as large). The decision is the
-  // head's own, so a head's output does not depend on the group it is computed in.
-  VF rmax = hn::Zero(df);
-  for (size_t i = 0; i < g; i += N) rmax = hn::Max(rmax, hn::Abs(hn::LoadU(df, r_k + i)));
-  const float score_gain = scale * ReduceMax(rmax) * 4.6f;
   float beta[64];
-  for (int h = 0; h < heads; ++h) {
-    const vnni::QueryLevels lv = vnni::FoldQuery(queries + h * d, a_k, b_k, d, score_gain,
-                                                 kRefineLogit, is.qi + h * d, is.qi_lo + h * d);
-    is.refined[h] = lv.refined;
-    is.qscale[h] = lv.s_hi;
-    is.qscale_lo[h] = lv.s_lo;
-    beta[h] = lv.beta;
-  }
-  for (int h0 = 0; h0 < heads; h0 += kMaxHeadBlock) {
-    const int hb = std::min(kMaxHeadBlock, heads - h0);
-    const uint8_t* codes = record + l.k_codes;
-    bool refine = false;
-    for (int h = h0; h < h0 + hb; ++h) refine |= is.refined[h];
-    for (int level = 0; level < (refine ? 2 : 1); ++level) {
-      const int8_t* qi = (level == 0 ? is.qi : is.qi_lo) + h0 * d;
-      int32_t* si = (level == 0 ? is.si : is.si_lo) + h0 * g;
-      switch (hb) {
-        case 1: KeyDotsInt<1>(codes, g, d, qi, si, prefetch); break;
-        case 2: KeyDotsInt<2>(codes, g, d, qi, si, prefetch); break;
-        case 3: KeyDotsInt<3>(codes, g, d, qi, si, prefetch); break;
-        default: KeyDotsInt<4>(codes, g, d, qi, si, prefetch); break;
-      }
-    }
-  }
+  BeginFastTile(p, d, heads, record, l, scale, s, is, beta, prefetch);
 
   float rescale[64], pb[64];
   for (int h0 = 0; h0 < heads; h0 += kMaxHeadBlock) {
@@ -471,16 +494,7 @@ void AttendTileFast(const Preset& p, size_t d, int heads, const uint8_t* record,
       default: ValueSumsInt<4>(codes, g, wu, vi, prefetch); break;
     }
   }
-  for (int h = 0; h < heads; ++h) {
-    float* HWY_RESTRICT acc = acc_q + h * d;
-    const int32_t* HWY_RESTRICT vi = is.vi + h * d;
-    const VF rs = hn::Set(df, rescale[h]), pbv = hn::Set(df, pb[h]), ws = hn::Set(df, is.wscale[h]);
-    for (size_t c = 0; c < d; c += N) {
-      const VF sum = hn::Mul(hn::ConvertTo(df, hn::LoadU(DI(), vi + c)), ws);
-      const VF add = hn::Mul(hn::Add(sum, pbv), hn::LoadU(df, c_v + c));
-      hn::StoreU(hn::MulAdd(hn::LoadU(df, acc + c), rs, add), df, acc + c);
-    }
-  }
+  AddValueSums(d, heads, is, rescale, pb, s.c_v.get(), s.acc_q.get());
 }
 #endif  // KVARN_ATTEND_VNNI
 
@@ -493,48 +507,13 @@ void AttendTileFast(const Preset& p, size_t d, int heads, const uint8_t* record,
   const DF df;
   const DI di;
   const size_t N = hn::Lanes(df), g = static_cast<size_t>(p.tile_tokens);
-  float* HWY_RESTRICT a_k = s.a_k.get();
-  float* HWY_RESTRICT b_k = s.b_k.get();
   float* HWY_RESTRICT r_k = s.r_k.get();
   float* HWY_RESTRICT a_v = s.a_v.get();
   float* HWY_RESTRICT b_v = s.b_v.get();
-  float* HWY_RESTRICT c_v = s.c_v.get();
-  const float* HWY_RESTRICT queries = s.q.get();
   float* HWY_RESTRICT scores = s.scores.get();
-  float* HWY_RESTRICT acc_q = s.acc_q.get();
   Prefetcher prefetch(next, l.total);
-  WidenScales(p, d, record, l, s);
-
-  // As on the VNNI path: a head takes a second int8 level where the first one's rounding
-  // could move a score by more than kRefineLogit nats; the decision is the head's own.
-  VF rmax = hn::Zero(df);
-  for (size_t i = 0; i < g; i += N) rmax = hn::Max(rmax, hn::Abs(hn::LoadU(df, r_k + i)));
-  const float score_gain = scale * ReduceMax(rmax) * 4.6f;
   float beta[64];
-  for (int h = 0; h < heads; ++h) {
-    const avx2int::QueryLevels lv = avx2int::FoldQuery(
-        queries + h * d, a_k, b_k, score_gain, kRefineLogit, is.qi + h * d, is.qi_lo + h * d);
-    is.refined[h] = lv.refined;
-    is.qscale[h] = lv.s_hi;
-    is.qscale_lo[h] = lv.s_lo;
-    beta[h] = lv.beta;
-  }
-  const uint8_t* k_codes = record + l.k_codes;
-  for (int h0 = 0; h0 < heads; h0 += kMaxHeadBlock) {
-    const int hb = std::min(kMaxHeadBlock, heads - h0);
-    bool refine = false;
-    for (int h = h0; h < h0 + hb; ++h) refine |= is.refined[h];
-    for (int level = 0; level < (refine ? 2 : 1); ++level) {
-      const int8_t* qi = (level == 0 ? is.qi : is.qi_lo) + h0 * d;
-      int32_t* si = (level == 0 ? is.si : is.si_lo) + h0 * g;
-      switch (hb) {
-        case 1: avx2int::KeyDots<1>(k_codes, g, d, qi, si, prefetch); break;
-        case 2: avx2int::KeyDots<2>(k_codes, g, d, qi, si, prefetch); break;
-        case 3: avx2int::KeyDots<3>(k_codes, g, d, qi, si, prefetch); break;
-        default: avx2int::KeyDots<4>(k_codes, g, d, qi, si, prefetch); break;
-      }
-    }
-  }
+  BeginFastTile(p, d, heads, record, l, scale, s, is, beta, prefetch);
 
   float rescale[64], pb[64];
   for (int h = 0; h < heads; ++h) {
@@ -592,16 +571,7 @@ void AttendTileFast(const Preset& p, size_t d, int heads, const uint8_t* record,
       avx2int::ValueSums<1>(v_codes, g, is.wu + h0 * g, is.vi + h0 * d, prefetch);
     }
   }
-  for (int h = 0; h < heads; ++h) {
-    float* HWY_RESTRICT acc = acc_q + h * d;
-    const int32_t* HWY_RESTRICT vi = is.vi + h * d;
-    const VF rs = hn::Set(df, rescale[h]), pbv = hn::Set(df, pb[h]), ws = hn::Set(df, is.wscale[h]);
-    for (size_t c = 0; c < d; c += N) {
-      const VF sum = hn::Mul(hn::ConvertTo(df, hn::LoadU(di, vi + c)), ws);
-      const VF add = hn::Mul(hn::Add(sum, pbv), hn::LoadU(df, c_v + c));
-      hn::StoreU(hn::MulAdd(hn::LoadU(df, acc + c), rs, add), df, acc + c);
-    }
-  }
+  AddValueSums(d, heads, is, rescale, pb, s.c_v.get(), s.acc_q.get());
 }
 #endif  // KVARN_ATTEND_AVX2INT
 

@@ -24,6 +24,7 @@
 #include <cstring>
 
 #include "hwy/highway.h"
+#include "kernels/attend_exp2.h"
 
 #undef KVARN_ATTEND_AVX2INT
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
@@ -140,11 +141,13 @@ struct QueryLevels {
   float s_hi = 0, s_lo = 0, beta = 0;
   bool refined = false;
 };
+// REQUIRES: d == 128.
 HWY_INLINE QueryLevels FoldQuery(const float* HWY_RESTRICT q, const float* HWY_RESTRICT a_k,
-                                 const float* HWY_RESTRICT b_k, float score_gain,
+                                 const float* HWY_RESTRICT b_k, size_t d, float score_gain,
                                  float refine_above, int8_t* HWY_RESTRICT hi,
                                  int8_t* HWY_RESTRICT lo) {
-  constexpr size_t kD = 128;
+  constexpr size_t kD = 128;  // a constant, so that the loops unroll
+  (void)d;
   const DF df;
   const DI di;
   const hn::Rebind<int8_t, DF> d8;
@@ -218,10 +221,8 @@ HWY_INLINE __m256 Exp2NonPositive(__m256 y) {
   const __m256 yc = _mm256_max_ps(y, floor);  // -inf and NaN-free from here
   const __m256 n = _mm256_round_ps(yc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256 f = _mm256_sub_ps(yc, n);
-  __m256 p = _mm256_set1_ps(5.517145246267319e-2f);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.426106184720993e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.932609677314758e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.999281167984009e-1f));
+  __m256 p = _mm256_set1_ps(kExp2Poly[0]);
+  for (int i = 1; i < 4; ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[i]));
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   const __m256 r = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
   return _mm256_and_ps(r, _mm256_cmp_ps(y, floor, _CMP_GT_OQ));

@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "hwy/highway.h"
+#include "kernels/attend_exp2.h"
 
 #undef KVARN_ATTEND_VNNI
 #if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL) && \
@@ -255,17 +256,15 @@ KVARN_VNNI_ATTR inline QueryLevels FoldQuery(const float* HWY_RESTRICT q,
 }
 
 // 2^y for y <= 0 (and -inf): y split into an integer n and a fraction f in [-0.5, 0.5], 2^f a
-// degree-3 polynomial fitted here for relative error (measured < 7.5e-5 in float: the
-// weights are rounded to 1/255 steps after it, and the normalizer's error stays 50x below
-// that); vscalefps applies 2^n and underflows gracefully to 0. The scores arrive already in
+// degree-3 polynomial (kernels/attend_exp2.h; relative error < 7.5e-5 in float: the weights
+// are rounded to 1/255 steps after it, and the normalizer's error stays 50x below that);
+// vscalefps applies 2^n and underflows gracefully to 0. The scores arrive already in
 // log2 units, so no multiply by log2(e).
 KVARN_VNNI_ATTR inline __m512 Exp2NonPositive(__m512 y) {
   const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(y, n);
-  __m512 p = _mm512_set1_ps(5.517145246267319e-2f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.426106184720993e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.932609677314758e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999281167984009e-1f));
+  __m512 p = _mm512_set1_ps(kExp2Poly[0]);
+  for (int i = 1; i < 4; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2Poly[i]));
   return _mm512_scalef_ps(p, n);
 }
 
