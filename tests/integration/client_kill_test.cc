@@ -95,7 +95,7 @@ TEST_F(ClientKillTest, KilledClientsThousandReferencesAreReclaimedWithinTheLease
     EXPECT_EQ(after.sink_blocks_free() + after.sink_blocks_cached(), sink_total) << after.DebugString();
     EXPECT_EQ(after.quant_blocks_cached(), 100u * (cycle + 1));
     EXPECT_EQ(after.fp16_bytes(), (uint64_t{sink_total - after.sink_blocks_free()} + 1) * fp16_block);
-    if (auto segs = DaemonSegments(d->pid()); segs.ok()) {
+    if (auto segs = AwaitDaemonSegments(d->pid(), 3); segs.ok()) {
       EXPECT_EQ(segs->size(), 3u) << "quant, sink and the observer's tail segment only";
     } else if (cycle == 0) {
       Report(absl::StrCat("the daemon's segments are not checked: ", segs.status().message()));

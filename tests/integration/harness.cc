@@ -158,6 +158,17 @@ absl::StatusOr<std::vector<DaemonSegment>> DaemonSegments(pid_t pid) {
   return out;
 }
 
+absl::StatusOr<std::vector<DaemonSegment>> AwaitDaemonSegments(pid_t pid, size_t count,
+                                                               std::chrono::milliseconds timeout) {
+  const double until = NowMs() + static_cast<double>(timeout.count());
+  absl::StatusOr<std::vector<DaemonSegment>> segs = DaemonSegments(pid);
+  while (segs.ok() && segs->size() > count && NowMs() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    segs = DaemonSegments(pid);
+  }
+  return segs;
+}
+
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
   std::unique_ptr<Daemon> d(new Daemon());
   d->dir_ = std::make_unique<TempDir>();

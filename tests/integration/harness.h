@@ -65,6 +65,11 @@ struct DaemonSegment {
   uint64_t allocated = 0;    // st_blocks * 512: memory actually in use
 };
 absl::StatusOr<std::vector<DaemonSegment>> DaemonSegments(pid_t pid);
+// DaemonSegments once kvarnd holds at most `count` of them, or as it is at the deadline. The
+// core closes an ended session's tail segment after it has released its lock, a moment after
+// the stats stop showing the session.
+absl::StatusOr<std::vector<DaemonSegment>> AwaitDaemonSegments(
+    pid_t pid, size_t count, std::chrono::milliseconds timeout = std::chrono::seconds(5));
 
 // A user to run a process as.
 struct RunAs {

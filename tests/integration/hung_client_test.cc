@@ -54,7 +54,7 @@ TEST_F(HungClientTest, StoppedClientPastItsLeaseIsRejectedAfterResumingAndCannot
   const double expiry_ms = NowMs() - t0;  // reported, not asserted: a loaded machine stretches it
   ASSERT_TRUE(expired) << "the stopped client's session outlived its lease";
   if (segments_before.ok()) {
-    auto after = DaemonSegments(d->pid());
+    auto after = AwaitDaemonSegments(d->pid(), 3);
     ASSERT_TRUE(after.ok()) << after.status();
     EXPECT_EQ(after->size(), 3u) << "the daemon still holds the expired session's tail";
   }
