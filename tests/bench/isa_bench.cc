@@ -1,12 +1,15 @@
 // kvarn_isa_bench: the throughput of the x86 instructions the AVX2 attention path is built
-// from (kernels/simd_attend_avx2-inl.h), measured on this core, so that docs/benchmarks.md can
-// state the floor of a tile's work from figures of the same machine rather than from tables.
-// Nothing here asserts on time.
+// from (kernels/simd_attend_avx2-inl.h) and, on CPUs with AVX-512 VNNI and VBMI, those of the
+// VNNI path (kernels/simd_attend_int-inl.h), measured on this core, so that
+// docs/benchmarks.md can state the floor of a tile's work from figures of the same machine
+// rather than from tables. Nothing here asserts on time.
 //
-// Each figure is a loop of 8 independent instructions (distinct destinations, loop-invariant
-// sources), so it measures issue throughput, not latency; the first line is a chain of
-// dependent scalar adds, one per cycle, which gives the core's clock. Clock: steady_clock,
-// the best of 5 runs of 10^8 iterations. Run pinned: `taskset -c 1 build/bin/kvarn_isa_bench`.
+// Each figure is a loop of 8 (AVX2) or 12 (VNNI) independent instructions (distinct
+// destinations, loop-invariant sources; an accumulating instruction's chain on its own
+// destination is 12 long, more than its latency times its throughput), so it measures issue
+// throughput, not latency; the first line is a chain of dependent scalar adds, one per cycle,
+// which gives the core's clock. Clock: steady_clock, the best of 5 runs of 10^8 iterations.
+// Run pinned: `taskset -c 1 build/bin/kvarn_isa_bench`.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -18,6 +21,7 @@ namespace {
 
 constexpr long kIterations = 100000000;
 constexpr int kPerIteration = 8;
+constexpr int kPerIterationVnni = 12;
 
 #define KVARN_INDEP(insn)                                                \
   insn " %%ymm8,%%ymm9,%%ymm0\n\t" insn " %%ymm8,%%ymm9,%%ymm1\n\t" insn \
@@ -25,21 +29,106 @@ constexpr int kPerIteration = 8;
        " %%ymm8,%%ymm9,%%ymm4\n\t" insn " %%ymm8,%%ymm9,%%ymm5\n\t" insn \
        " %%ymm8,%%ymm9,%%ymm6\n\t" insn " %%ymm8,%%ymm9,%%ymm7\n\t"
 
-// Nanoseconds per instruction of `body` (kPerIteration instructions), the best of 5 runs.
+// clang-format off
+// Twelve independent zmm or ymm instructions: destinations 0-11, sources 12 and 13.
+#define KVARN_INDEP12(insn, r)                                                             \
+  insn " %%" r "12,%%" r "13,%%" r "0\n\t" insn " %%" r "12,%%" r "13,%%" r "1\n\t"       \
+  insn " %%" r "12,%%" r "13,%%" r "2\n\t" insn " %%" r "12,%%" r "13,%%" r "3\n\t"       \
+  insn " %%" r "12,%%" r "13,%%" r "4\n\t" insn " %%" r "12,%%" r "13,%%" r "5\n\t"       \
+  insn " %%" r "12,%%" r "13,%%" r "6\n\t" insn " %%" r "12,%%" r "13,%%" r "7\n\t"       \
+  insn " %%" r "12,%%" r "13,%%" r "8\n\t" insn " %%" r "12,%%" r "13,%%" r "9\n\t"       \
+  insn " %%" r "12,%%" r "13,%%" r "10\n\t" insn " %%" r "12,%%" r "13,%%" r "11\n\t"
+
+// Six vpdpbusd zmm (even destinations) interleaved with six of `insn` (odd ones).
+#define KVARN_PAIR(insn, a, b)                                          \
+  "vpdpbusd %%zmm12,%%zmm13,%%zmm" a "\n\t" insn " %%zmm12,%%zmm13,%%zmm" b "\n\t"
+#define KVARN_PAIRED6(insn)                                                          \
+  KVARN_PAIR(insn, "0", "1") KVARN_PAIR(insn, "2", "3") KVARN_PAIR(insn, "4", "5")   \
+  KVARN_PAIR(insn, "6", "7") KVARN_PAIR(insn, "8", "9") KVARN_PAIR(insn, "10", "11")
+// clang-format on
+
+// Nanoseconds per instruction of `body` (`per_iteration` instructions), the best of 5 runs.
 template <class Body>
-double BestNs(Body body) {
+double BestNs(Body body, int per_iteration = kPerIteration) {
   double best = 1e30;
   for (int run = 0; run < 5; ++run) {
     const auto t0 = std::chrono::steady_clock::now();
     for (long i = 0; i < kIterations; ++i) body();
     const auto t1 = std::chrono::steady_clock::now();
     const double ns = std::chrono::duration<double, std::nano>(t1 - t0).count();
-    best = std::min(best, ns / (static_cast<double>(kIterations) * kPerIteration));
+    best = std::min(best, ns / (static_cast<double>(kIterations) * per_iteration));
   }
   return best;
 }
 
 #define KVARN_CLOBBERS "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7"
+#define KVARN_CLOBBERS12 KVARN_CLOBBERS, "xmm8", "xmm9", "xmm10", "xmm11"
+
+struct Row {
+  const char* name;
+  double ns;
+};
+
+// The loop bodies of the VNNI lines, inlined into the timed loop: twelve instructions each
+// (six pairs for the paired ones).
+inline __attribute__((always_inline)) void DpbusdZmm() {
+  asm volatile(KVARN_INDEP12("vpdpbusd", "zmm")::: KVARN_CLOBBERS12);
+}
+inline __attribute__((always_inline)) void DpbusdYmm() {
+  asm volatile(KVARN_INDEP12("vpdpbusd", "ymm")::: KVARN_CLOBBERS12);
+}
+inline __attribute__((always_inline)) void Permt2bZmm() {
+  asm volatile(KVARN_INDEP12("vpermt2b", "zmm")::: KVARN_CLOBBERS12);
+}
+inline __attribute__((always_inline)) void FmaZmm() {
+  asm volatile(KVARN_INDEP12("vfmadd231ps", "zmm")::: KVARN_CLOBBERS12);
+}
+inline __attribute__((always_inline)) void DpbusdFma() {
+  asm volatile(KVARN_PAIRED6("vfmadd231ps")::: KVARN_CLOBBERS12);
+}
+inline __attribute__((always_inline)) void DpbusdPermt2b() {
+  asm volatile(KVARN_PAIRED6("vpermt2b")::: KVARN_CLOBBERS12);
+}
+inline __attribute__((always_inline)) void DpbusdAnd() {
+  asm volatile(KVARN_PAIRED6("vpandq")::: KVARN_CLOBBERS12);
+}
+
+// The VNNI path's instructions (kernels/simd_attend_int-inl.h) and its multiply floor: the
+// key dots and the value sums of a tile are 128 x 128 x 4 products each at GQA 4, 64 per
+// vpdpbusd zmm.
+void MeasureVnni(double ghz, int tiles_32k) {
+  if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512vbmi")) {
+    std::printf("\n(no AVX-512 VNNI and VBMI on this CPU: the VNNI path's lines skipped)\n");
+    return;
+  }
+  std::printf("\nthe AVX-512 VNNI path (12 independent instructions per loop):\n");
+  const Row rows[] = {
+      {"vpdpbusd zmm (u8 x s8 quads into s32)", BestNs([] { DpbusdZmm(); }, kPerIterationVnni)},
+      {"vpdpbusd ymm", BestNs([] { DpbusdYmm(); }, kPerIterationVnni)},
+      {"vpermt2b zmm (the codes' 4x4 transpose)", BestNs([] { Permt2bZmm(); }, kPerIterationVnni)},
+      {"vfmadd231ps zmm (the softmax)", BestNs([] { FmaZmm(); }, kPerIterationVnni)},
+  };
+  for (const Row& r : rows) {
+    std::printf("%-44s %7.3f ns  = %.2f per cycle\n", r.name, r.ns, 1.0 / (r.ns * ghz));
+  }
+  // Whether other work can hide under the multiplies: six vpdpbusd zmm and six of another
+  // instruction, interleaved. If they share the multiply pipes the pair takes as long as the
+  // two apart (about 2 cycles per pair at one each per cycle); if not, about one.
+  const Row mixed[] = {
+      {"vpdpbusd zmm + vfmadd231ps zmm", BestNs([] { DpbusdFma(); }, kPerIterationVnni / 2)},
+      {"vpdpbusd zmm + vpermt2b zmm", BestNs([] { DpbusdPermt2b(); }, kPerIterationVnni / 2)},
+      {"vpdpbusd zmm + vpandq zmm", BestNs([] { DpbusdAnd(); }, kPerIterationVnni / 2)},
+  };
+  for (const Row& r : mixed) {
+    std::printf("%-44s %7.3f ns  = %.2f cycles per pair\n", r.name, r.ns, r.ns * ghz);
+  }
+  constexpr double kDpbusdPerTile = 2.0 * 128 * 128 * 4 / 64;
+  const double tile_us = kDpbusdPerTile * std::min(rows[0].ns, 2 * rows[1].ns) / 1e3;
+  std::printf(
+      "floor of one tile's vpdpbusd at GQA 4 (%.0f zmm, or twice as many ymm, whichever is "
+      "faster): %.3f us; x %d tiles (the 32K step): %.2f ms\n",
+      kDpbusdPerTile, tile_us, tiles_32k, tile_us * tiles_32k / 1e3);
+}
 
 __attribute__((target("avx2"))) int Main() {
   if (!__builtin_cpu_supports("avx2")) {
@@ -58,10 +147,6 @@ __attribute__((target("avx2"))) int Main() {
   const double ghz = 1.0 / add_ns;
   std::printf("%-44s %7.3f ns  (one cycle: %.2f GHz)\n", "dependent scalar add (1 per cycle)",
               add_ns, ghz);
-  struct Row {
-    const char* name;
-    double ns;
-  };
   const Row rows[] = {
       {"vpmaddubsw ymm (u8 x s8 pairs into s16)", BestNs([] {
          asm volatile(KVARN_INDEP("vpmaddubsw")::: KVARN_CLOBBERS);
@@ -89,6 +174,7 @@ __attribute__((target("avx2"))) int Main() {
       "\nfloor of one tile's vpmaddubsw at GQA 4 (%.0f of them): %.3f us; "
       "x %d tiles (kvarn_attend_bench's 32K step): %.2f ms\n",
       kMaddubsPerTile, tile_us, kTiles32K, tile_us * kTiles32K / 1e3);
+  MeasureVnni(ghz, kTiles32K);
   return 0;
 }
 
