@@ -521,6 +521,7 @@ void AttendTileFast(const Preset& p, size_t d, int heads, const uint8_t* record,
     const int32_t* HWY_RESTRICT si = is.si + h * g;
     const int32_t* HWY_RESTRICT si_lo = is.si_lo + h * g;
     const VF qs = hn::Set(df, is.qscale[h]), qs_lo = hn::Set(df, is.qscale_lo[h]);
+    const bool refined = is.refined[h];
     // Scores in log2 units (log2(e) folded into the scale), so the exponentials are powers
     // of two, as on the VNNI path; the running maximum stays in nats.
     constexpr float kLog2e = 1.44269504088896341f, kLn2 = 0.693147180559945309f;
@@ -528,7 +529,7 @@ void AttendTileFast(const Preset& p, size_t d, int heads, const uint8_t* record,
     VF mx = hn::Set(df, -HUGE_VALF);
     for (size_t i = 0; i < g; i += N) {
       VF y = hn::MulAdd(hn::ConvertTo(df, hn::LoadU(di, si + i)), qs, bv);
-      if (is.refined[h]) y = hn::MulAdd(hn::ConvertTo(df, hn::LoadU(di, si_lo + i)), qs_lo, y);
+      if (refined) y = hn::MulAdd(hn::ConvertTo(df, hn::LoadU(di, si_lo + i)), qs_lo, y);
       const VF x = hn::Mul(hn::Mul(y, hn::LoadU(df, r_k + i)), scv);
       hn::StoreU(x, df, sc + i);
       mx = hn::Max(mx, x);
@@ -711,7 +712,7 @@ CodecStatus AttendImpl(const Preset& preset, int head_dim, const float* queries,
 #if KVARN_ATTEND_VNNI || KVARN_ATTEND_AVX2INT
     fast = !exact && FastPathApplies(preset, d);
     if (fast) {
-      thread_local IntScratch is;
+      IntScratch& is = ThreadInstance<IntScratch>();
       // The fast tile is short enough that fetching one record ahead leaves its start
       // waiting: fetch two ahead (measured ~10% faster cold steps); the first two records
       // were requested before the fp16 parts.

@@ -57,6 +57,59 @@ HWY_INLINE __m256i Dword(const void* p) {
   return _mm256_set1_epi32(v);
 }
 
+// One step of KeyDots<4>: the four rows p, p + rb, p + 2 rb, p + 3 rb (8 bytes each) as
+// Quad8, split into even and odd tokens, times the four heads' query dwords at q, q + dq,
+// q + 2 dq, q + 3 dq, added into s[h][0] (even) and s[h][1] (odd). Written in assembly
+// because gcc 12 keeps three of the eight sums of the intrinsics version on the stack
+// (a store-to-load chain through every step, docs/benchmarks.md); here they are operands
+// that stay in registers across the loop. Same instructions and order as the intrinsics.
+// REQUIRES: rb <= 64 and dq <= 128 (FastPathApplies: g <= 128, d = 128).
+HWY_INLINE void KeyStep4(const uint8_t* p, size_t rb, size_t rb3, const int8_t* q, size_t dq,
+                         size_t dq3, __m256i low, __m256i (&s)[4][2]) {
+  __m256i t0, t1, t2, t3;
+  asm("vmovq (%[p]), %x[t0]\n\t"
+      "vmovq (%[p],%[rb]), %x[t1]\n\t"
+      "vpunpcklbw %x[t1], %x[t0], %x[t0]\n\t"
+      "vmovq (%[p],%[rb],2), %x[t1]\n\t"
+      "vmovq (%[p],%[rb3]), %x[t2]\n\t"
+      "vpunpcklbw %x[t2], %x[t1], %x[t1]\n\t"
+      "vpunpckhwd %x[t1], %x[t0], %x[t2]\n\t"
+      "vpunpcklwd %x[t1], %x[t0], %x[t0]\n\t"
+      "vinserti128 $1, %x[t2], %t[t0], %t[t0]\n\t"
+      "vpsrlw $4, %t[t0], %t[t1]\n\t"
+      "vpand %t[low], %t[t0], %t[t0]\n\t"
+      "vpand %t[low], %t[t1], %t[t1]\n\t"
+      "vpbroadcastd (%[q]), %t[t2]\n\t"
+      "vpmaddubsw %t[t2], %t[t0], %t[t3]\n\t"
+      "vpaddw %t[t3], %t[s00], %t[s00]\n\t"
+      "vpmaddubsw %t[t2], %t[t1], %t[t3]\n\t"
+      "vpaddw %t[t3], %t[s01], %t[s01]\n\t"
+      "vpbroadcastd (%[q],%[dq]), %t[t2]\n\t"
+      "vpmaddubsw %t[t2], %t[t0], %t[t3]\n\t"
+      "vpaddw %t[t3], %t[s10], %t[s10]\n\t"
+      "vpmaddubsw %t[t2], %t[t1], %t[t3]\n\t"
+      "vpaddw %t[t3], %t[s11], %t[s11]\n\t"
+      "vpbroadcastd (%[q],%[dq],2), %t[t2]\n\t"
+      "vpmaddubsw %t[t2], %t[t0], %t[t3]\n\t"
+      "vpaddw %t[t3], %t[s20], %t[s20]\n\t"
+      "vpmaddubsw %t[t2], %t[t1], %t[t3]\n\t"
+      "vpaddw %t[t3], %t[s21], %t[s21]\n\t"
+      "vpbroadcastd (%[q],%[dq3]), %t[t2]\n\t"
+      "vpmaddubsw %t[t2], %t[t0], %t[t3]\n\t"
+      "vpaddw %t[t3], %t[s30], %t[s30]\n\t"
+      "vpmaddubsw %t[t2], %t[t1], %t[t3]\n\t"
+      "vpaddw %t[t3], %t[s31], %t[s31]"
+      : [s00] "+x"(s[0][0]), [s01] "+x"(s[0][1]), [s10] "+x"(s[1][0]), [s11] "+x"(s[1][1]),
+        [s20] "+x"(s[2][0]), [s21] "+x"(s[2][1]), [s30] "+x"(s[3][0]), [s31] "+x"(s[3][1]),
+        [t0] "=&x"(t0), [t1] "=&x"(t1), [t2] "=&x"(t2), [t3] "=&x"(t3)
+      : [p] "r"(p), [rb] "r"(rb), [rb3] "r"(rb3), [q] "r"(q), [dq] "r"(dq), [dq3] "r"(dq3),
+        [low] "x"(low),
+        // What the instructions read (at most, for g and d up to 128), for the compiler's
+        // ordering of loads and stores.
+        "m"(*reinterpret_cast<const uint8_t(*)[3 * 64 + 8]>(p)),
+        "m"(*reinterpret_cast<const int8_t(*)[3 * 128 + 4]>(q)));
+}
+
 // out[h][pos] = sum_c qi[h][c] * qK[c][t(pos)] in token-plane order, for H query heads.
 // codes: the record's [d][g/2] key codes; qi: [H][d] int8 in [-127, 127]. g a multiple of 16,
 // d of 32. A vpmaddubsw lane is two products of at most 15 * 127: eight groups of channels
@@ -74,13 +127,17 @@ HWY_INLINE void KeyDots(const uint8_t* HWY_RESTRICT codes, size_t g, size_t d,
       for (int h = 0; h < H; ++h) s[h][0] = s[h][1] = _mm256_setzero_si256();
       for (size_t c = c0; c < c0 + 32; c += 4) {
         pf.Step();
-        const __m256i x = Quad8(codes + c * row_bytes + k, row_bytes);
-        const __m256i even = _mm256_and_si256(x, low);                      // tokens 2j
-        const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(x, 4), low);  // tokens 2j + 1
-        for (int h = 0; h < H; ++h) {
-          const __m256i qv = Dword(qi + h * d + c);
-          s[h][0] = _mm256_add_epi16(s[h][0], _mm256_maddubs_epi16(even, qv));
-          s[h][1] = _mm256_add_epi16(s[h][1], _mm256_maddubs_epi16(odd, qv));
+        if constexpr (H == 4) {
+          KeyStep4(codes + c * row_bytes + k, row_bytes, 3 * row_bytes, qi + c, d, 3 * d, low, s);
+        } else {
+          const __m256i x = Quad8(codes + c * row_bytes + k, row_bytes);
+          const __m256i even = _mm256_and_si256(x, low);                      // tokens 2j
+          const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(x, 4), low);  // tokens 2j + 1
+          for (int h = 0; h < H; ++h) {
+            const __m256i qv = Dword(qi + h * d + c);
+            s[h][0] = _mm256_add_epi16(s[h][0], _mm256_maddubs_epi16(even, qv));
+            s[h][1] = _mm256_add_epi16(s[h][1], _mm256_maddubs_epi16(odd, qv));
+          }
         }
       }
       for (int h = 0; h < H; ++h) {

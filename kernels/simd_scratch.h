@@ -43,6 +43,16 @@ struct BalanceScratch {
   }
 };
 
+// The calling thread's instance of T, behind a call that is not inlined. A thread_local
+// used directly in an inlined kernel is looked up again at each use: in -fPIC code that is a
+// call to __tls_get_addr with the live vector registers saved around it, and it was inside
+// the attention's score loop. Through this the kernels hold a plain reference.
+template <class T>
+[[gnu::noinline]] T& ThreadInstance() {
+  thread_local T instance;
+  return instance;
+}
+
 struct EncodeScratch {
   ScratchArray<float> k, v;     // [G][D] tiles in the storage frame
   ScratchArray<float> b;        // balanced values: a key column strip [G][N] or a value row [D]
@@ -52,7 +62,7 @@ struct EncodeScratch {
   BalanceScratch balance;
 
   static EncodeScratch& ForThread(size_t g, size_t d) {
-    thread_local EncodeScratch s;
+    EncodeScratch& s = ThreadInstance<EncodeScratch>();
     const size_t n = g * d, wide = g > d ? g : d;
     for (ScratchArray<float>* a : {&s.k, &s.v, &s.b}) a->Reserve(n);
     s.codes.Reserve(n);
@@ -72,7 +82,7 @@ struct DecodeScratch {
   ScratchArray<float> a, b, s;    // widened fp16 fields
 
   static DecodeScratch& ForThread(size_t g, size_t d) {
-    thread_local DecodeScratch s;
+    DecodeScratch& s = ThreadInstance<DecodeScratch>();
     s.codes.Reserve(d);
     s.codes_t.Reserve(g * d / 2);
     s.rows.Reserve(4 * d);  // RowSink::kRows
@@ -93,7 +103,7 @@ struct AttendScratch {
   ScratchArray<int32_t> tok_perm, ch_perm;           // plane position -> element
 
   static AttendScratch& ForThread(size_t heads, size_t g, size_t d) {
-    thread_local AttendScratch s;
+    AttendScratch& s = ThreadInstance<AttendScratch>();
     for (ScratchArray<float>* x : {&s.q, &s.w, &s.tile_acc, &s.acc_q, &s.acc_h}) x->Reserve(heads * d);
     s.scores.Reserve(heads * g);
     for (ScratchArray<float>* x : {&s.a_k, &s.b_k, &s.c_v}) x->Reserve(d);

@@ -25,7 +25,8 @@
 // for the two-thread lines (workers are pinned to the CPUs of the process's mask in order).
 // Flags: --reps=N (default 15), --exact (also time AttendPrecision::kExact), --warm (no
 // eviction: the compute alone, for comparing kernels on a busy machine; not the target's
-// condition), --tiles=N (one sequence length: N quantized tiles per kv-head).
+// condition), --tiles=N (one sequence length: N quantized tiles per kv-head), --tile-cost
+// (the tiles' compute alone, in L2: see TileCost).
 #include <pthread.h>
 #include <sched.h>
 #include <time.h>
@@ -278,9 +279,45 @@ Timing TimeSteps(Workers& workers, const Preset& p, const Workload& wl, AttendPr
   return {Median(wall), Median(cpu)};
 }
 
+// --tile-cost: the quantized tiles' compute alone, for comparing kernels on a shared machine
+// whose cold figures swing by tens of percent. 4 tiles per kv-head (8 x 4 records, 0.4 MiB:
+// they stay in this core's L2 after the first step), no fp16 sink or tail, this thread only.
+// Thread CPU time (CLOCK_THREAD_CPUTIME_ID) of batches of 200 steps, per tile; the minimum
+// over the batches is the least disturbed figure, the median says how often it held.
+void TileCost(const Preset& p, const std::vector<uint8_t>& unique) {
+  constexpr int kTiles = 4, kBatches = 60, kSteps = 200;
+  const Workload wl = MakeWorkload(p, unique, kTiles);
+  std::vector<SequenceView> views;
+  for (const Head& h : wl.heads) {
+    SequenceView v;
+    v.tiles = h.tiles;  // sink and tail empty
+    views.push_back(v);
+  }
+  std::vector<float> out(static_cast<size_t>(kKvHeads) * kHeadsPerKv * kHeadDim);
+  std::vector<double> per_tile;
+  for (int b = 0; b < kBatches + 1; ++b) {  // the first batch warms code, scratch and L2
+    const double c0 = ThreadCpuSeconds();
+    for (int step = 0; step < kSteps; ++step) {
+      for (int h = 0; h < kKvHeads; ++h) {
+        const size_t q = static_cast<size_t>(h) * kHeadsPerKv * kHeadDim;
+        Check(Codec::Simd().AttendDecode(p, kHeadDim, wl.queries.data() + q, kHeadsPerKv,
+                                         views[static_cast<size_t>(h)], out.data() + q));
+      }
+    }
+    if (b > 0) per_tile.push_back((ThreadCpuSeconds() - c0) / (kSteps * kKvHeads * kTiles));
+  }
+  std::sort(per_tile.begin(), per_tile.end());
+  std::printf(
+      "tile cost (--tile-cost): %d tiles x %d kv-heads, GQA %d, in L2, no fp16 parts; thread CPU\n"
+      "time (CLOCK_THREAD_CPUTIME_ID) per tile over %d batches of %d steps:\n"
+      "  min %.3f us, p25 %.3f us, median %.3f us\n",
+      kTiles, kKvHeads, kHeadsPerKv, kBatches, kSteps, 1e6 * per_tile.front(),
+      1e6 * per_tile[per_tile.size() / 4], 1e6 * Median(per_tile));
+}
+
 int Main(int argc, char** argv) {
   int reps = 15;
-  bool exact = false, warm = false;
+  bool exact = false, warm = false, tile_cost = false;
   int only_tiles = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--reps=", 7) == 0)
@@ -289,15 +326,23 @@ int Main(int argc, char** argv) {
       exact = true;
     else if (std::strcmp(argv[i], "--warm") == 0)
       warm = true;
+    else if (std::strcmp(argv[i], "--tile-cost") == 0)
+      tile_cost = true;
     else if (std::strncmp(argv[i], "--tiles=", 8) == 0)
       only_tiles = std::max(1, std::atoi(argv[i] + 8));
     else {
-      std::fprintf(stderr, "usage: %s [--reps=N] [--exact] [--warm] [--tiles=N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--reps=N] [--exact] [--warm] [--tiles=N] [--tile-cost]\n", argv[0]);
       return 2;
     }
   }
   Preset p;
   Check(ParsePreset("kvarn_k4v2_g128", &p));
+  if (tile_cost) {
+    std::printf("kvarn_attend_bench: fused decode attention, kvarn_k4v2_g128, D=128; SIMD target %s\n",
+                std::string(Codec::Simd().target()).c_str());
+    TileCost(p, UniqueRecords(p));
+    return 0;
+  }
   cpu_set_t mask;
   sched_getaffinity(0, sizeof(mask), &mask);
   const int cpus = CPU_COUNT(&mask);
