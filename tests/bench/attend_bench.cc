@@ -331,15 +331,17 @@ int Main(int argc, char** argv) {
     else if (std::strncmp(argv[i], "--tiles=", 8) == 0)
       only_tiles = std::max(1, std::atoi(argv[i] + 8));
     else {
-      std::fprintf(stderr, "usage: %s [--reps=N] [--exact] [--warm] [--tiles=N] [--tile-cost]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--reps=N] [--exact] [--warm] [--tiles=N] [--tile-cost]\n",
+                   argv[0]);
       return 2;
     }
   }
   Preset p;
   Check(ParsePreset("kvarn_k4v2_g128", &p));
   if (tile_cost) {
-    std::printf("kvarn_attend_bench: fused decode attention, kvarn_k4v2_g128, D=128; SIMD target %s\n",
-                std::string(Codec::Simd().target()).c_str());
+    std::printf(
+        "kvarn_attend_bench: fused decode attention, kvarn_k4v2_g128, D=128; SIMD target %s\n",
+        std::string(Codec::Simd().target()).c_str());
     TileCost(p, UniqueRecords(p));
     return 0;
   }
