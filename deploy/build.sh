@@ -3,6 +3,7 @@
 # (or $KVARN_BUILD_DIR) with both cores. Extra arguments go to the CMake configure step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. deploy/ccache_env.sh
 deploy/setup.sh
 build=${KVARN_BUILD_DIR:-build}
 jobs=${KVARN_JOBS:-$(nproc)}

@@ -14,6 +14,7 @@
 # Needs apt package lists (deploy/setup.sh runs apt-get update when it installs anything).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. deploy/ccache_env.sh
 start=$(date +%s)
 build=${KVARN_STOCK_CMAKE_BUILD_DIR:-build-stockcmake}
 jobs=${KVARN_JOBS:-$(nproc)}

@@ -16,6 +16,7 @@
 # Assumes deploy/setup.sh ran (deploy/test.sh does it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. deploy/ccache_env.sh
 mode=${1:?usage: deploy/sanitize.sh asan|tsan}
 jobs=${KVARN_JOBS:-$(nproc)}
 dirs="daemon/core;daemon/tiers;daemon/service;daemon/metrics;client/lib;integration"

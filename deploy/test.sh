@@ -12,6 +12,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
+# ccache's hit and miss counters, to print what the builds took from the cache (none before
+# deploy/setup.sh installs ccache on a fresh machine).
+ccache_counts() {
+  { ccache --print-stats 2>/dev/null || true; } | awk '$1 ~ /^(direct|preprocessed)_cache_hit$/ { h += $2 }
+    $1 == "cache_miss" { m = $2 } END { print h + 0, m + 0 }'
+}
+read -r hits0 misses0 <<< "$(ccache_counts)"
 deploy/build.sh "$@"
 build=${KVARN_BUILD_DIR:-build}
 if [ "${KVARN_TEST_STOCK_CMAKE:-1}" != 0 ]; then
@@ -28,4 +35,6 @@ if [ "${KVARN_TEST_SANITIZERS:-1}" != 0 ]; then
   deploy/sanitize.sh tsan
   echo "== tsan: passed after $(( $(date +%s) - start )) s"
 fi
+read -r hits1 misses1 <<< "$(ccache_counts)"
+echo "== ccache: $((hits1 - hits0)) compilations from the cache, $((misses1 - misses0)) compiled"
 echo "== all tests passed in $(( $(date +%s) - start )) s (wall clock)"
