@@ -57,6 +57,15 @@ inline bool HasVnni() {
   return has;
 }
 
+// acc += the dot products of the u8 quads of u with the s8 quads of s (vpdpbusd, as
+// _mm512_dpbusd_epi32(acc, u, s)), in place. An asm statement rather than the intrinsic
+// because gcc 12 gave the loops below a register copy per accumulator and step (KeyDots<4>:
+// 16 vpdpbusd and 16 vmovdqa per step; a copy ties up a vector pipe unless the core
+// eliminates it), which the tied "+v" operand rules out (docs/benchmarks.md, 2026-12-03).
+KVARN_VNNI_ATTR HWY_INLINE void AddDots(__m512i& acc, __m512i u, __m512i s) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+}
+
 // Byte 4j+i of the result is byte j (+16 for the upper half) of row i, the rows being the
 // four 32-byte quarters of a 128-byte (first operand, second operand) pair: a 4x4 byte
 // transpose that puts one byte of each of four rows in every dword.
@@ -110,10 +119,10 @@ KVARN_VNNI_ATTR void KeyDots(const uint8_t* HWY_RESTRICT codes, size_t g, size_t
         int32_t qd;
         __builtin_memcpy(&qd, qi + h * d + c, 4);
         const __m512i qv = _mm512_set1_epi32(qd);
-        acc[h][0] = _mm512_dpbusd_epi32(acc[h][0], k0, qv);
-        acc[h][1] = _mm512_dpbusd_epi32(acc[h][1], k1, qv);
-        acc[h][2] = _mm512_dpbusd_epi32(acc[h][2], k2, qv);
-        acc[h][3] = _mm512_dpbusd_epi32(acc[h][3], k3, qv);
+        AddDots(acc[h][0], k0, qv);
+        AddDots(acc[h][1], k1, qv);
+        AddDots(acc[h][2], k2, qv);
+        AddDots(acc[h][3], k3, qv);
       }
     }
     // The pass's bytes j hold tokens 2j, 2j+1: chunk (half/16 + j/16), plane 0 or 1.
@@ -161,10 +170,10 @@ KVARN_VNNI_ATTR void ValueSums(const uint8_t* HWY_RESTRICT codes, size_t g,
         int32_t wd;
         __builtin_memcpy(&wd, w + h * g + t, 4);
         const __m512i wv = _mm512_set1_epi32(wd);
-        acc[h][0] = _mm512_dpbusd_epi32(acc[h][0], wv, v0);
-        acc[h][1] = _mm512_dpbusd_epi32(acc[h][1], wv, v1);
-        acc[h][2] = _mm512_dpbusd_epi32(acc[h][2], wv, v2);
-        acc[h][3] = _mm512_dpbusd_epi32(acc[h][3], wv, v3);
+        AddDots(acc[h][0], wv, v0);
+        AddDots(acc[h][1], wv, v1);
+        AddDots(acc[h][2], wv, v2);
+        AddDots(acc[h][3], wv, v3);
       }
     }
     for (int h = 0; h < H; ++h) {
