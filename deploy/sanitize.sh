@@ -31,11 +31,6 @@ case "$mode" in
     build=${KVARN_TSAN_BUILD_DIR:-build-tsan}
     flags=(-DKVARN_SANITIZE=thread)
     export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/sanitizers/tsan.supp}
-    # The build passes -fsanitize-ignorelist=<absolute path>; ccache 4.7 neither rewrites nor
-    # recognizes that option, so the checkout's path would enter every object's hash. Hash the
-    # file's contents instead of the option's text.
-    export CCACHE_IGNOREOPTIONS="${CCACHE_IGNOREOPTIONS:+$CCACHE_IGNOREOPTIONS }-fsanitize-ignorelist=*"
-    export CCACHE_EXTRAFILES="${CCACHE_EXTRAFILES:+$CCACHE_EXTRAFILES:}$PWD/tests/sanitizers/tsan_ignorelist.txt"
     ;;
   *) echo "deploy/sanitize.sh: mode must be asan or tsan" >&2; exit 2 ;;
 esac
