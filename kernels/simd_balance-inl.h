@@ -271,17 +271,18 @@ HWY_NOINLINE void StripPass(const float* HWY_RESTRICT src, size_t g, size_t d, c
   const float* HWY_RESTRICT tr = tok.r;
   for (size_t c = 0; c < d; c += 2 * N) {
     VD hc[4], a[4], q[4];
-    // Floats a double vector's worth at a time (no half extraction before widening).
-    hn::Vec<DH> ce[4], cr[4];
-    for (size_t k = 0; k < 4; ++k) ce[k] = hn::LoadU(dh, ch.e + c + k * L), cr[k] = hn::LoadU(dh, ch.r + c + k * L);
+    // Whole float vectors through the divisions, then their halves widened.
+    VF ce[2], cr[2];
+    for (size_t k = 0; k < 2; ++k) ce[k] = hn::LoadU(df, ch.e + c + k * N), cr[k] = hn::LoadU(df, ch.r + c + k * N);
     for (size_t t = 0; t < g; ++t) {
-      const auto tev = hn::Set(dh, te[t]), trv = hn::Set(dh, tr[t]);
-      hn::Vec<DH> x[4];
+      const VF tev = hn::Set(df, te[t]), trv = hn::Set(df, tr[t]);
+      VF x[2];
       VD p[4];
-      for (size_t k = 0; k < 4; ++k) {
-        x[k] = FormCurWith<kDivs, kKeys>(hn::LoadU(dh, src + t * d + c + k * L), tev, trv, ce[k], cr[k],
-                                         UAt<kDivs>(u_out, t * d + c + k * L));
-        p[k] = hn::PromoteTo(dd, x[k]);
+      for (size_t k = 0; k < 2; ++k) {
+        x[k] = FormCurWith<kDivs, kKeys>(hn::LoadU(df, src + t * d + c + k * N), tev, trv, ce[k], cr[k],
+                                         UAt<kDivs>(u_out, t * d + c + k * N));
+        p[2 * k] = hn::PromoteTo(dd, hn::LowerHalf(dh, x[k]));
+        p[2 * k + 1] = hn::PromoteTo(dd, hn::UpperHalf(dh, x[k]));
       }
       if (c == 0) hrow[t] = static_cast<double>(hn::GetLane(x[0]));
       const VD hr = hn::Set(dd, hrow[t]);
@@ -343,31 +344,37 @@ HWY_NOINLINE void StripPass(const float* HWY_RESTRICT src, size_t g, size_t d, c
 template <int kDivs, bool kKeys>
 HWY_NOINLINE void ColPass(const float* HWY_RESTRICT src, size_t g, size_t d, const Axis& tok,
                           const Axis& ch, float* HWY_RESTRICT u_out, float* HWY_RESTRICT std_out) {
+  const DF df;
   const DD dd;
-  const DH dh;  // floats are handled a double vector's worth at a time: no half extraction
-  const size_t L = hn::Lanes(dd);
+  const DH dh;
+  const size_t N = hn::Lanes(df), L = hn::Lanes(dd);
   const float* HWY_RESTRICT te = tok.e;
   const float* HWY_RESTRICT tr = tok.r;
-  for (size_t c = 0; c < d; c += 4 * L) {
-    hn::Vec<DH> ce[4], cr[4];
-    for (size_t k = 0; k < 4; ++k) ce[k] = hn::LoadU(dh, ch.e + c + k * L), cr[k] = hn::LoadU(dh, ch.r + c + k * L);
-    const auto form = [&](size_t t, size_t k) {
-      const auto x = hn::LoadU(dh, src + t * d + c + k * L);
-      if constexpr (kDivs == 0) {
-        return hn::PromoteTo(dd, x);
-      } else {
-        return hn::PromoteTo(dd, FormCurWith<kDivs, kKeys>(x, hn::Set(dh, te[t]), hn::Set(dh, tr[t]), ce[k],
-                                                            cr[k], UAt<kDivs>(u_out, t * d + c + k * L)));
+  for (size_t c = 0; c < d; c += 2 * N) {
+    // Whole float vectors through the divisions, then their halves widened.
+    VF ce[2], cr[2];
+    for (size_t k = 0; k < 2; ++k) ce[k] = hn::LoadU(df, ch.e + c + k * N), cr[k] = hn::LoadU(df, ch.r + c + k * N);
+    const auto form = [&](size_t t, VD* p) {
+      for (size_t k = 0; k < 2; ++k) {
+        VF x = hn::LoadU(df, src + t * d + c + k * N);
+        if constexpr (kDivs != 0) {
+          x = FormCurWith<kDivs, kKeys>(x, hn::Set(df, te[t]), hn::Set(df, tr[t]), ce[k], cr[k],
+                                        UAt<kDivs>(u_out, t * d + c + k * N));
+        }
+        p[2 * k] = hn::PromoteTo(dd, hn::LowerHalf(dh, x));
+        p[2 * k + 1] = hn::PromoteTo(dd, hn::UpperHalf(dh, x));
       }
     };
-    const VD h0 = form(0, 0), h1 = form(0, 1), h2 = form(0, 2), h3 = form(0, 3);
+    VD h[4], p[4];
+    form(0, h);
     // Token 0 adds y = 0 to every sum.
     VD a0 = hn::Zero(dd), a1 = a0, a2 = a0, a3 = a0, q0 = a0, q1 = a0, q2 = a0, q3 = a0;
     for (size_t t = 1; t < g; ++t) {
-      const VD y0 = hn::Sub(form(t, 0), h0);
-      const VD y1 = hn::Sub(form(t, 1), h1);
-      const VD y2 = hn::Sub(form(t, 2), h2);
-      const VD y3 = hn::Sub(form(t, 3), h3);
+      form(t, p);
+      const VD y0 = hn::Sub(p[0], h[0]);
+      const VD y1 = hn::Sub(p[1], h[1]);
+      const VD y2 = hn::Sub(p[2], h[2]);
+      const VD y3 = hn::Sub(p[3], h[3]);
       a0 = hn::Add(a0, y0), a1 = hn::Add(a1, y1), a2 = hn::Add(a2, y2), a3 = hn::Add(a3, y3);
       q0 = FmaSquare(y0, q0), q1 = FmaSquare(y1, q1), q2 = FmaSquare(y2, q2), q3 = FmaSquare(y3, q3);
     }
