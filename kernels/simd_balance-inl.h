@@ -17,7 +17,7 @@
 // cur2 = u / exp(Lr) and sums both axes (the imbalance and the next column update need them).
 // Vertical sums stream tokens past a strip of channels held in registers (ColPass for the
 // keys' first pass, StripPass otherwise, which keeps each token's partial sums between strips
-// in memory); RowPass sums whole tokens and serves the unscaled tile.
+// in memory, and also takes both axes of the unscaled tile).
 //
 // K and V are both held token-major [G][D] (M). "Horizontal" sums run over a token's
 // channels, "vertical" ones over a channel's tokens. For keys the spec's first-updated
@@ -146,8 +146,9 @@ HWY_INLINE hn::Vec<DH> StdsOf(VD s1, VD s2, size_t n) {
   return hn::DemoteTo(DH(), hn::Sqrt(hn::IfThenElse(hn::Gt(var, hn::Zero(dd)), var, hn::Zero(dd))));
 }
 
-// The value of cur at (t, c..c+N) formed from `src` per kDivs: 0, src is cur; 1, src is u and
-// cur = u / second; 2, src is T, u = T / first (stored to u_out) and cur = u / second. For
+// cur formed from x, a vector of `src` at token t and channels c.., per kDivs: 0, src is cur;
+// 1, src is u and cur = u / second; 2, src is T, u = T / first (stored at u_at) and
+// cur = u / second. te, tr are token t's scale and its reciprocal, ce, cr the channels'. For
 // keys (kKeys) the first divisor is per token and the second per channel; for values the
 // reverse.
 // Where FormCurWith stores u: only kDivs == 2 stores it (u_out is null otherwise, and no
@@ -169,18 +170,6 @@ HWY_INLINE V FormCurWith(V x, V te, V tr, V ce, V cr, float* HWY_RESTRICT u_at) 
     return kKeys ? DivExact(u, ce, cr) : DivExact(u, te, tr);
   }
 }
-template <int kDivs, bool kKeys>
-HWY_INLINE VF FormCur(const float* HWY_RESTRICT src, size_t t, size_t c, size_t d, const Axis& tok,
-                      const Axis& ch, float* HWY_RESTRICT u_out) {
-  const DF df;
-  const VF x = hn::LoadU(df, src + t * d + c);
-  if constexpr (kDivs == 0) {
-    return x;
-  } else {
-    return FormCurWith<kDivs, kKeys>(x, hn::Set(df, tok.e[t]), hn::Set(df, tok.r[t]), hn::LoadU(df, ch.e + c),
-                                     hn::LoadU(df, ch.r + c), UAt<kDivs>(u_out, t * d + c));
-  }
-}
 
 // The fold of FoldPartials over the lanes of v (lane j += lane j + w, w = Lanes/2 .. 1): each
 // step adds the upper half of the vector to the lower half.
@@ -195,67 +184,11 @@ HWY_INLINE double FoldLanes(D d, hn::Vec<D> v) {
   }
 }
 
-// Horizontal: the std over the channels of every token of cur (see FormCur), in
-// kChannelPartials interleaved accumulators (slot k of 16 / Lanes(dd) holds accumulators
-// k * Lanes(dd) ..), folded as FoldPartials folds them. Writes cur to cur_out if not null.
-// Two tokens at a time, so that their accumulation chains overlap; the folded sums go to
-// s1_out/s2_out (g doubles each) and the stds are taken a vector of tokens at a time.
-template <int kDivs, bool kKeys>
-HWY_NOINLINE void RowPass(const float* HWY_RESTRICT src, size_t g, size_t d, const Axis& tok,
-                          const Axis& ch, float* HWY_RESTRICT u_out, float* HWY_RESTRICT cur_out,
-                          double* HWY_RESTRICT s1_out, double* HWY_RESTRICT s2_out,
-                          float* HWY_RESTRICT std_out) {
-  const DF df;
-  const DD dd;
-  const DH dh;
-  const size_t N = hn::Lanes(df), L = hn::Lanes(dd);
-  constexpr size_t kSlots = kChannelPartials / hn::MaxLanes(DD());
-  static_assert(kChannelPartials % hn::MaxLanes(DF()) == 0, "a vector of floats within one partial group");
-  const size_t vecs_per_group = kChannelPartials / N;  // float vectors per 16 channels
-  for (size_t t0 = 0; t0 < g; t0 += 2) {
-    VD s1[2][kSlots], s2[2][kSlots], h[2];
-    for (size_t r = 0; r < 2; ++r) {
-      h[r] = hn::Zero(dd);
-      for (size_t k = 0; k < kSlots; ++k) s1[r][k] = s2[r][k] = hn::Zero(dd);
-    }
-    for (size_t c = 0; c < d; c += kChannelPartials) {
-      for (size_t v = 0; v < vecs_per_group; ++v) {
-        for (size_t r = 0; r < 2; ++r) {
-          const size_t t = t0 + r;
-          const VF cur = FormCur<kDivs, kKeys>(src, t, c + v * N, d, tok, ch, u_out);
-          if (cur_out != nullptr) hn::StoreU(cur, df, cur_out + t * d + c + v * N);
-          if (c == 0 && v == 0) h[r] = hn::Set(dd, static_cast<double>(hn::GetLane(cur)));
-          const VD ylo = hn::Sub(hn::PromoteTo(dd, hn::LowerHalf(dh, cur)), h[r]);
-          const VD yhi = hn::Sub(hn::PromoteTo(dd, hn::UpperHalf(dh, cur)), h[r]);
-          s1[r][2 * v] = hn::Add(s1[r][2 * v], ylo);
-          s2[r][2 * v] = FmaSquare(ylo, s2[r][2 * v]);
-          s1[r][2 * v + 1] = hn::Add(s1[r][2 * v + 1], yhi);
-          s2[r][2 * v + 1] = FmaSquare(yhi, s2[r][2 * v + 1]);
-        }
-      }
-    }
-    for (size_t r = 0; r < 2; ++r) {
-      // Fold: the steps with w >= L are lane-wise vector adds, the rest scalar.
-      for (size_t w = kChannelPartials / 2; w >= L; w /= 2) {
-        for (size_t k = 0; k < w / L; ++k) {
-          s1[r][k] = hn::Add(s1[r][k], s1[r][k + w / L]);
-          s2[r][k] = hn::Add(s2[r][k], s2[r][k + w / L]);
-        }
-      }
-      s1_out[t0 + r] = FoldLanes(dd, s1[r][0]);
-      s2_out[t0 + r] = FoldLanes(dd, s2[r][0]);
-    }
-  }
-  for (size_t t = 0; t < g; t += L) {
-    hn::StoreU(StdsOf(hn::LoadU(dd, s1_out + t), hn::LoadU(dd, s2_out + t), d), dh, std_out + t);
-  }
-}
-
-// The stds over the channels of every token of cur (see FormCur) and, with kVertical, over the
-// tokens of every channel, in one sweep of channel strips: a channel's sums stay in registers
-// while the tokens stream past, a token's kChannelPartials partial sums live in `state` (32
-// doubles a token) between strips. Each partial receives its elements in order of channel, as
-// in RowPass, so the sums are the same.
+// The stds over the channels of every token of cur (see FormCurWith) and, with kVertical, over
+// the tokens of every channel, in one sweep of channel strips: a channel's sums stay in
+// registers while the tokens stream past, a token's kChannelPartials partial sums live in
+// `state` (32 doubles a token) between strips. Each partial receives its elements in order of
+// channel, as BalanceStd's, so the sums are the same.
 template <int kDivs, bool kKeys, bool kVertical>
 HWY_NOINLINE void StripPass(const float* HWY_RESTRICT src, size_t g, size_t d, const Axis& tok,
                             const Axis& ch, float* HWY_RESTRICT u_out, double* HWY_RESTRICT state,
@@ -338,7 +271,7 @@ HWY_NOINLINE void StripPass(const float* HWY_RESTRICT src, size_t g, size_t d, c
   }
 }
 
-// Vertical: the std over the tokens of every channel of cur (see FormCur), each channel's
+// Vertical: the std over the tokens of every channel of cur (see FormCurWith), each channel's
 // sums in one accumulator in token order. Strips of two float vectors of channels stay in
 // registers while the tokens stream past.
 template <int kDivs, bool kKeys>
@@ -419,8 +352,7 @@ HWY_INLINE void Balance(const float* HWY_RESTRICT m, size_t g, size_t d, bool ke
   double* s2 = s.s2.get();
   double* state = s.state.get();
   double* hrow = s.hrow.get();
-  RowPass<0, true>(m, g, d, tok, ch, nullptr, nullptr, s1, s2, tok.std);
-  ColPass<0, true>(m, g, d, tok, ch, nullptr, ch.std);
+  StripPass<0, true, true>(m, g, d, tok, ch, nullptr, state, hrow, s1, s2);
   // Imb = column part + row part; the spec's columns are tokens for keys.
   const auto imbalance = [&] {
     return keys ? AxisImbalanceOf(tok) + AxisImbalanceOf(ch) : AxisImbalanceOf(ch) + AxisImbalanceOf(tok);
