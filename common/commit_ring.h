@@ -8,13 +8,14 @@
 //
 // The client (one producer) writes records at positions tail, tail+1, ... (mod capacity),
 // publishes the new tail (release), and rings the doorbell. The daemon keeps its own head in
-// its own memory; it reads only `tail` and the records from this segment, copying each record
-// out once before looking at it. It writes one completion per record (at the record's
-// position), then `done` (release), then wakes `done` as a futex.
+// its own memory; it reads only `tail`, the `cpu` hint and the records from this segment,
+// copying each record out once before looking at it. It writes one completion per record (at
+// the record's position), then `done` (release), then wakes `done` as a futex.
 //
 // Everything in the segment is writable by the client: the daemon never trusts a value it
-// reads here (tail is bounded by its own head and capacity, every record field is checked),
-// and never reads back what it wrote (done, completions, broken).
+// reads here (tail is bounded by its own head and capacity, every record field is checked, the
+// cpu hint is followed only to a CPU of the daemon's own mask), and never reads back what it
+// wrote (done, completions, broken).
 #ifndef KVARN_COMMON_COMMIT_RING_H_
 #define KVARN_COMMON_COMMIT_RING_H_
 
@@ -47,6 +48,10 @@ struct Header {
   uint32_t reserved0[11];
   // The client's: records published (a free-running count, mod 2^32).
   alignas(64) std::atomic<uint32_t> tail;
+  // The client's: 1 + the CPU it last published from (sched_getcpu), 0 for none. A hint only:
+  // the daemon drains the ring's batches on that CPU when it may run there, where the staged
+  // K/V the commit checks are still in that core's caches (docs/commit_ring.md).
+  std::atomic<uint32_t> cpu;
   // The daemon's: records completed (a free-running count); the futex word clients wait on.
   alignas(64) std::atomic<uint32_t> done;
   // The daemon's: nonzero (an absl::StatusCode) once the daemon stopped serving this ring,

@@ -1,5 +1,6 @@
 #include "client/lib/commit_ring.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -140,6 +141,8 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitRing::Commit(
   const uint32_t first = tail_;
   const uint32_t target = tail_ + static_cast<uint32_t>(sent.size());
   tail_ = target;
+  const int cpu = sched_getcpu();
+  h->cpu.store(cpu >= 0 ? static_cast<uint32_t>(cpu) + 1 : 0, std::memory_order_relaxed);
   h->tail.store(target, std::memory_order_release);
   const uint64_t one = 1;
   if (write(doorbell_.get(), &one, sizeof(one)) != sizeof(one)) {

@@ -1,6 +1,7 @@
 #include "daemon/service/commit_ring_server.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -129,6 +130,10 @@ void CommitRingServer::Serve() {
   std::vector<SessionId> ready, round;
   epoll_event events[64];
   uint64_t ended_seen = core_->sessions_ended();
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) CPU_ZERO(&allowed);  // follows nothing
+  int pinned = -1;
   for (;;) {
     const int timeout_ms = ready.empty() ? static_cast<int>(absl::ToInt64Milliseconds(options_.poll)) : 0;
     const int n = epoll_wait(epoll_.get(), events, 64, timeout_ms);
@@ -157,7 +162,9 @@ void CommitRingServer::Serve() {
         auto it = rings_.find(id);
         if (it != rings_.end()) r = it->second;
       }
-      if (r != nullptr && !r->broken && Drain(*r)) ready.push_back(id);
+      if (r == nullptr || r->broken) continue;
+      if (options_.follow_client_cpu) FollowCpu(*r, allowed, &pinned);
+      if (Drain(*r)) ready.push_back(id);
     }
     if (const uint64_t ended = core_->sessions_ended(); ended != ended_seen) {
       ended_seen = ended;
@@ -230,6 +237,20 @@ bool CommitRingServer::Drain(Ring& r) {
     return false;
   }
   return h->tail.load(std::memory_order_relaxed) != r.head;
+}
+
+void CommitRingServer::FollowCpu(const Ring& r, const cpu_set_t& allowed, int* pinned) {
+  // The hint is the client's to write: anything but a CPU of the thread's own mask is ignored.
+  const uint32_t hint = r.header()->cpu.load(std::memory_order_relaxed);
+  if (hint == 0 || hint > CPU_SETSIZE) return;
+  const int cpu = static_cast<int>(hint - 1);
+  if (cpu == *pinned || !CPU_ISSET(cpu, &allowed)) return;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  if (sched_setaffinity(0, sizeof(one), &one) != 0) return;  // e.g. the CPU went offline
+  *pinned = cpu;
+  cpu_moves_.fetch_add(1);
 }
 
 void CommitRingServer::Break(Ring& r, const absl::Status& why) {

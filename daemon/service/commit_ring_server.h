@@ -9,7 +9,10 @@
 // records [head, tail) published when it looks, at most the ring's capacity. Each record is
 // copied out of the shared segment once, then checked, then the batch goes through
 // KvCore::AppendBatch, the path of the AppendBatch RPC: the same validation, the same codes
-// and messages, and a rejected commit changes nothing. Results go back as completions.
+// and messages, and a rejected commit changes nothing. Results go back as completions. Before
+// a batch the thread moves to the CPU its client published from (the header's hint), when
+// that CPU is in the thread's own mask: the staged K/V the commit scans are in that core's
+// caches, and the client's next doorbell wakes the thread there.
 //
 // What a client can do to its own ring: garbage records get errors (INVALID_ARGUMENT for a
 // record's token count, the core's codes for the rest); a tail out of bounds breaks the ring
@@ -24,6 +27,8 @@
 // Thread safety: Open and Stop may be called from any thread.
 #ifndef KVARN_DAEMON_SERVICE_COMMIT_RING_SERVER_H_
 #define KVARN_DAEMON_SERVICE_COMMIT_RING_SERVER_H_
+
+#include <sched.h>
 
 #include <atomic>
 #include <memory>
@@ -44,6 +49,11 @@ class CommitRingServer {
   struct Options {
     // Longest the drain thread sleeps before it looks at ended sessions and shutdown.
     absl::Duration poll = absl::Milliseconds(200);
+    // Drain each batch on the CPU its client published it from (the header's hint), when that
+    // CPU is in the drain thread's mask at start: the thread moves there before the batch, so
+    // the staged K/V the commit scans are read from that core's caches, and the client's
+    // next doorbell wakes it there.
+    bool follow_client_cpu = true;
   };
   static absl::StatusOr<std::unique_ptr<CommitRingServer>> Start(KvCore* core, Options options,
                                                                  RpcObserver* observer = nullptr);
@@ -70,6 +80,8 @@ class CommitRingServer {
   size_t rings() const;
   uint64_t broken() const { return broken_.load(); }
   uint64_t commits() const { return commits_.load(); }
+  // Times the drain thread moved to a client's CPU.
+  uint64_t cpu_moves() const { return cpu_moves_.load(); }
 
  private:
   struct Ring;
@@ -82,6 +94,9 @@ class CommitRingServer {
   void Break(Ring& r, const absl::Status& why);
   // Drops the rings of ended sessions.
   void Sweep();
+  // With follow_client_cpu: moves the drain thread to r's client's CPU, if the hint names one
+  // of `allowed` other than `*pinned` (the thread's CPU since its last move, -1 before).
+  void FollowCpu(const Ring& r, const cpu_set_t& allowed, int* pinned);
 
   KvCore* const core_;
   const Options options_;
@@ -90,7 +105,7 @@ class CommitRingServer {
   UniqueFd wake_;
   std::thread thread_;
   std::atomic<bool> stopped_{false};
-  std::atomic<uint64_t> broken_{0}, commits_{0};
+  std::atomic<uint64_t> broken_{0}, commits_{0}, cpu_moves_{0};
   mutable Mutex mu_;
   absl::flat_hash_map<SessionId, std::shared_ptr<Ring>> rings_ ABSL_GUARDED_BY(mu_);
 };

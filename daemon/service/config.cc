@@ -203,6 +203,7 @@ const std::map<std::string, Key>& Keys() {
                            return absl::OkStatus();
                          }}},
       {"metrics", Str("host:port of the Prometheus /metrics endpoint, empty disables (default 127.0.0.1:9464)", &DaemonConfig::metrics)},
+      {"ring_follow_cpu", Bool("true: drain a commit ring on the CPU its client committed from, if kvarnd's CPU mask allows it (default true)", &DaemonConfig::ring_follow_cpu)},
       {"seal_threads", Int("threads quantizing one block (default 1)", &DaemonConfig::seal_threads, 1, 256)},
       {"max_message_mb", Int("largest gRPC message accepted, MiB; 0 derives it from the layout (default 0)",
                              &DaemonConfig::max_message_mb, 0, 1024)},

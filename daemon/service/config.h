@@ -33,6 +33,9 @@ struct DaemonConfig {
   std::string metrics = "127.0.0.1:9464";   // host:port of /metrics ("" disables)
   std::string admin_token_file;             // see ResolveAdminToken (server.cc)
   int seal_threads = 1;                     // encode workers per seal
+  // Commit rings: drain each ring's batches on the CPU its client last committed from, when
+  // kvarnd may run there (docs/commit_ring.md).
+  bool ring_follow_cpu = true;
   // Memory the daemon spends on requests (docs/daemon.md, "Bounded memory"):
   int max_message_mb = 0;                   // gRPC message limit, MiB; 0: derived from the layout
   uint64_t max_read_bytes = 4ull << 20;     // one Read reply's K/V

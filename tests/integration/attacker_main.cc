@@ -25,8 +25,9 @@
 //                       [--victim-session=S --victim-epoch=E --victim-secret=HEX]
 //       Opens a mapped session of its own (4 sequences) and its commit ring; with a leaked
 //       victim secret, tries to take the victim's ring. Prints READY, then until stdin closes
-//       scribbles random bytes over its records, completions and tail slots, publishes whole
-//       rings of them (a quarter naming its own sequences) and spams the doorbell; at stdin
+//       scribbles random bytes over its records, completions and tail slots, sets its CPU hint
+//       to any CPU or junk, publishes whole rings of them (a quarter naming its own sequences)
+//       and spams the doorbell; at stdin
 //       EOF it moves its tail out of bounds and reports RINGSUMMARY rounds=.. doorbells=..
 //       completed=.. broken=<the code the daemon closed the ring with>.
 //   kvarn_attacker watchers --target=T --tenant=X [--token=Y] --n=N
@@ -549,6 +550,8 @@ int Ring(const std::map<std::string, std::string>& f) {
     // A whole ring of garbage once the daemon has taken the last one (within bounds: the
     // ring stays open, so the daemon keeps reading what this process writes).
     const uint32_t done = h->done.load(std::memory_order_acquire);
+    // The CPU hint: any CPU (moving the daemon's drain thread for this ring's batches) or junk.
+    h->cpu.store(rng() % 4 == 0 ? static_cast<uint32_t>(rng()) : static_cast<uint32_t>(rng() % 8), std::memory_order_relaxed);
     h->tail.store(done + cap, std::memory_order_release);
     for (int k = 0; k < 50; ++k) bell();
     for (int spin = 0; spin < 100000 && h->done.load() != done + cap && h->broken.load() == 0; ++spin) bell();

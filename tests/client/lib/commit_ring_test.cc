@@ -1,7 +1,7 @@
 // kvarn::CommitRing (client/lib/commit_ring.h) against an in-process daemon serving rings:
 // the ring commits the same state as CommitBatch, gives its errors with the same codes and
 // messages, refuses what it cannot carry before writing anything, and stops once the session
-// or the ring is gone.
+// or the ring is gone; its commits tell the daemon which CPU they come from.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -210,6 +210,20 @@ TEST_F(CommitRingTest, MoreTokensThanARecordCarriesGoByCommitBatch) {
   EXPECT_EQ(*h_->SequenceTokens(s->Ref(), q), 0u);
   auto b = s->CommitBatch({{q, TestTokenIds(0, n)}});
   ASSERT_TRUE(b.ok() && (*b)[0].ok());
+}
+
+// The library tells the daemon the CPU it commits from; the daemon's drain thread (whose mask
+// is this process's) moves there before the batch.
+TEST_F(CommitRingTest, CommitsCarryTheClientsCpuAndTheDrainFollowsIt) {
+  Session* s = Open("tenant-a");
+  auto ring = s->OpenCommitRing();
+  ASSERT_TRUE(ring.ok());
+  const uint64_t q = Sequences(s, 1)[0];
+  const std::vector<float> kv = TestKv(1, 3);
+  ASSERT_TRUE(s->Stage(q, 1, kv.data(), kv.data(), DType::kF32).ok());
+  auto r = (*ring)->Commit({{q, TestTokenIds(0, 1)}});
+  ASSERT_TRUE(r.ok() && (*r)[0].ok());
+  EXPECT_GE(h_->ring_cpu_moves(), 1u);
 }
 
 TEST_F(CommitRingTest, OneRingPerSessionAndNoneWithoutSharedMemory) {

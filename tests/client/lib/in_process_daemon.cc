@@ -54,6 +54,7 @@ uint64_t InProcessDaemon::refused() {
 }
 size_t InProcessDaemon::rings() { return impl_->harness.rings() ? impl_->harness.rings()->rings() : 0; }
 uint64_t InProcessDaemon::rings_broken() { return impl_->harness.rings() ? impl_->harness.rings()->broken() : 0; }
+uint64_t InProcessDaemon::ring_cpu_moves() { return impl_->harness.rings() ? impl_->harness.rings()->cpu_moves() : 0; }
 size_t InProcessDaemon::watch_streams() { return impl_->harness.service().watch_streams(); }
 int InProcessDaemon::calls(const std::string& method) { return impl_->calls.calls(method); }
 

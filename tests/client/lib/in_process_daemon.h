@@ -43,6 +43,8 @@ class InProcessDaemon {
   // Commit rings the daemon holds (of sessions not yet swept) and has closed.
   size_t rings();
   uint64_t rings_broken();
+  // Times the ring drain thread moved to a client's CPU (CommitRingServer::cpu_moves).
+  uint64_t ring_cpu_moves();
   // The descriptor channel's counters.
   uint64_t lent();
   uint64_t refused();

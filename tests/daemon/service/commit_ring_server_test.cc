@@ -2,8 +2,11 @@
 // into a ring taken from the descriptor channel, against the AppendBatch RPC on a twin
 // session. Promises: the same codes and messages as AppendBatch, garbage and a rejected
 // commit change nothing, a scribbled tail closes only that ring, a session ending mid-batch
-// leaves nothing half-applied, and stopping closes every ring with UNAVAILABLE.
+// leaves nothing half-applied, stopping closes every ring with UNAVAILABLE, and the drain
+// thread follows a client's CPU hint only to a CPU of its own mask.
 #include <gtest/gtest.h>
+
+#include <sched.h>
 
 #include <random>
 #include <thread>
@@ -307,6 +310,106 @@ TEST_F(CommitRingServerTest, StopClosesRingsWithUnavailable) {
   h_.rings()->Stop();
   EXPECT_EQ(ring->h()->broken.load(), static_cast<uint32_t>(Code::kUnavailable));
   EXPECT_EQ(RingOnly(ref).status().code(), Code::kUnavailable);
+}
+
+}  // namespace
+}  // namespace kvarn::testing
+
+namespace kvarn::testing {
+namespace {
+
+// The CPUs of this thread's mask, in order.
+std::vector<int> MaskCpus() {
+  cpu_set_t mask;
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(mask), &mask) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &mask)) cpus.push_back(c);
+  }
+  return cpus;
+}
+
+// A harness with rings whose drain thread starts with this thread's mask narrowed to `cpus`
+// (threads inherit their creator's mask); the mask is restored before returning.
+absl::Status StartNarrowed(ServiceHarness& h, const std::vector<int>& cpus, bool follow) {
+  cpu_set_t saved, narrow;
+  if (sched_getaffinity(0, sizeof(saved), &saved) != 0) return absl::InternalError("sched_getaffinity");
+  CPU_ZERO(&narrow);
+  for (int c : cpus) CPU_SET(c, &narrow);
+  if (sched_setaffinity(0, sizeof(narrow), &narrow) != 0) return absl::InternalError("sched_setaffinity");
+  ServiceHarness::Options o;
+  o.descriptors = true;
+  o.rings = true;
+  o.ring_options.follow_client_cpu = follow;
+  const absl::Status started = h.Start(o);
+  sched_setaffinity(0, sizeof(saved), &saved);
+  return started;
+}
+
+class CommitRingCpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cpus_ = MaskCpus();
+    if (cpus_.size() < 2) GTEST_SKIP() << "needs two CPUs in the mask";
+  }
+  // Opens a session with a ring and a sequence; commits one token with each hint in turn and
+  // checks every commit completes with OK.
+  void CommitWithHints(ServiceHarness& h, const std::vector<uint32_t>& hints) {
+    const v1::SessionRef ref = ServiceHarness::RefOf(h.Open("a", 2));
+    ASSERT_TRUE(FetchSessionMemory(h.descriptor_socket(), ref).ok());
+    auto lent = FetchCommitRing(h.descriptor_socket(), ref);
+    ASSERT_TRUE(lent.ok()) << lent.status();
+    RawRing r;
+    for (auto& seg : lent->segments) {
+      if (seg.entry.kind() == v1::DescriptorReply::Entry::KIND_COMMIT_RING) {
+        r.capacity = seg.entry.ring_records();
+        auto m = FdMapping::Map(std::move(seg.fd), seg.entry.bytes(), true);
+        ASSERT_TRUE(m.ok());
+        r.memory = std::move(*m);
+      } else if (seg.entry.kind() == v1::DescriptorReply::Entry::KIND_DOORBELL) {
+        r.doorbell = std::move(seg.fd);
+      }
+    }
+    ASSERT_GT(r.capacity, 0u);
+    const uint64_t seq = h.CreateSequence(ref);
+    uint32_t id = 1;
+    for (uint32_t hint : hints) {
+      r.h()->cpu.store(hint);
+      const auto got = r.Commit({Rec(seq, {id})});
+      ASSERT_EQ(got.size(), 1u) << "hint " << hint;
+      EXPECT_EQ(got[0].code, 0) << "hint " << hint << ": " << Message(got[0]);
+      EXPECT_EQ(got[0].tokens, id);
+      ++id;
+    }
+  }
+  std::vector<int> cpus_;
+};
+
+TEST_F(CommitRingCpuTest, TheDrainMovesOnlyToACpuOfItsOwnMask) {
+  ServiceHarness h;
+  const int a = cpus_[0], b = cpus_[1];
+  ASSERT_TRUE(StartNarrowed(h, {a}, true).ok());
+  // Outside the mask, no CPU at all, beyond any CPU number: ignored, and the commits go on.
+  CommitWithHints(h, {static_cast<uint32_t>(b) + 1, 0, CPU_SETSIZE + 1, 0xffffffffu});
+  EXPECT_EQ(h.rings()->cpu_moves(), 0u);
+  // The mask's own CPU: one move, not repeated while the hint stays.
+  CommitWithHints(h, {static_cast<uint32_t>(a) + 1, static_cast<uint32_t>(a) + 1});
+  EXPECT_EQ(h.rings()->cpu_moves(), 1u);
+}
+
+TEST_F(CommitRingCpuTest, TheDrainFollowsTheHintAcrossItsMask) {
+  ServiceHarness h;
+  const uint32_t a = static_cast<uint32_t>(cpus_[0]) + 1, b = static_cast<uint32_t>(cpus_[1]) + 1;
+  ASSERT_TRUE(StartNarrowed(h, cpus_, true).ok());
+  CommitWithHints(h, {a, a, b, b, a});
+  EXPECT_EQ(h.rings()->cpu_moves(), 3u);
+}
+
+TEST_F(CommitRingCpuTest, FollowingCanBeTurnedOff) {
+  ServiceHarness h;
+  ASSERT_TRUE(StartNarrowed(h, cpus_, false).ok());
+  CommitWithHints(h, {static_cast<uint32_t>(cpus_[0]) + 1, static_cast<uint32_t>(cpus_[1]) + 1});
+  EXPECT_EQ(h.rings()->cpu_moves(), 0u);
 }
 
 }  // namespace

@@ -172,6 +172,7 @@ class ServiceHarness {
     bool descriptors = false;  // serve the descriptor channel at "<socket>.fd"
     DescriptorServer::Options descriptor_options;  // path is filled in
     bool rings = false;        // serve commit rings on the descriptor channel (needs descriptors)
+    CommitRingServer::Options ring_options;
     bool tcp = false;          // also listen on 127.0.0.1 (an ephemeral port)
     RpcObserver* observer = nullptr;  // sees every unary call the service answers
   };
@@ -200,7 +201,7 @@ class ServiceHarness {
     server_ = builder.BuildAndStart();
     if (server_ == nullptr) return absl::InternalError("gRPC server did not start");
     if (options.rings) {
-      auto rings = CommitRingServer::Start(core_.get(), {}, options.observer);
+      auto rings = CommitRingServer::Start(core_.get(), options.ring_options, options.observer);
       if (!rings.ok()) return rings.status();
       rings_ = std::move(*rings);
     }
