@@ -10,6 +10,7 @@
 #include "kernels/simd-inl.h"
 // clang-format on
 
+#include "hwy/cache_control.h"
 #include "kernels/store_tokens.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -65,11 +66,18 @@ CodecStatus StoreTokensImpl(const Preset& preset, const BlockLayout& layout, uin
           if (preset.rotates()) FwhtRows(row, 1, d);
           const size_t off = which == 0 ? layout.Fp16KeysOffset(l, h) : layout.Fp16ValuesOffset(l, h);
           auto* dst = reinterpret_cast<uint16_t*>(slot + off) + static_cast<size_t>(first + t) * d;
-          for (size_t c = 0; c < d; c += N) StoreHalf(hn::Load(df, row + c), dst + c);
+          // Streamed past the caches: the tail's rows for one token are 4,096-odd lines on
+          // as many pages, written once and read back only by the commit's scan and the seal.
+          if (reinterpret_cast<uintptr_t>(dst) % (N * sizeof(uint16_t)) == 0) {
+            for (size_t c = 0; c < d; c += N) StreamHalf(hn::Load(df, row + c), dst + c);
+          } else {
+            for (size_t c = 0; c < d; c += N) StoreHalf(hn::Load(df, row + c), dst + c);
+          }
         }
       }
     }
   }
+  hwy::FlushStream();
   return {};
 }
 
