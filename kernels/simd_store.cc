@@ -10,6 +10,8 @@
 #include "kernels/simd-inl.h"
 // clang-format on
 
+#include <algorithm>
+
 #include "hwy/cache_control.h"
 #include "kernels/store_tokens.h"
 
@@ -100,7 +102,16 @@ HWY_INLINE size_t FindNonFiniteHalfImpl(const uint16_t* HWY_RESTRICT x, size_t n
 }
 
 size_t FindNonFiniteHalfStridedImpl(const uint16_t* HWY_RESTRICT x, size_t stride, size_t chunks, size_t len) {
+  // The chunks are runs on different pages (a tail's rows of one token), which the hardware
+  // prefetcher does not follow, and StoreTokens streamed them to memory: the first lines of
+  // the run kAhead chunks on are fetched while this one is scanned.
+  constexpr size_t kAhead = 8, kLines = 4;
+  const size_t ahead_bytes = std::min(len * sizeof(uint16_t), kLines * 64);
   for (size_t c = 0; c < chunks; ++c) {
+    if (c + kAhead < chunks) {
+      const auto* next = reinterpret_cast<const uint8_t*>(x + (c + kAhead) * stride);
+      for (size_t b = 0; b < ahead_bytes; b += 64) hwy::Prefetch(next + b);
+    }
     const size_t i = FindNonFiniteHalfImpl(x + c * stride, len);
     if (i < len) return c * len + i;
   }
