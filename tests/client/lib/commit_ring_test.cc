@@ -64,6 +64,17 @@ class CommitRingTest : public ::testing::Test {
     return out;
   }
 
+  // s's ring and one new sequence with one token staged (a null ring on failure).
+  std::pair<std::unique_ptr<CommitRing>, uint64_t> RingWithOneStagedToken(Session* s) {
+    auto ring = s->OpenCommitRing();
+    EXPECT_TRUE(ring.ok()) << ring.status();
+    if (!ring.ok()) return {};
+    const uint64_t q = Sequences(s, 1)[0];
+    const std::vector<float> kv = TestKv(1, 3);
+    EXPECT_TRUE(s->Stage(q, 1, kv.data(), kv.data(), DType::kF32).ok());
+    return {std::move(*ring), q};
+  }
+
   std::unique_ptr<InProcessDaemon> h_;
   std::unique_ptr<Client> client_, unmapped_;
   std::vector<std::unique_ptr<Session>> sessions_;
@@ -216,12 +227,9 @@ TEST_F(CommitRingTest, MoreTokensThanARecordCarriesGoByCommitBatch) {
 // is this process's) moves there before the batch.
 TEST_F(CommitRingTest, CommitsCarryTheClientsCpuAndTheDrainFollowsIt) {
   Session* s = Open("tenant-a");
-  auto ring = s->OpenCommitRing();
-  ASSERT_TRUE(ring.ok());
-  const uint64_t q = Sequences(s, 1)[0];
-  const std::vector<float> kv = TestKv(1, 3);
-  ASSERT_TRUE(s->Stage(q, 1, kv.data(), kv.data(), DType::kF32).ok());
-  auto r = (*ring)->Commit({{q, TestTokenIds(0, 1)}});
+  auto [ring, q] = RingWithOneStagedToken(s);
+  ASSERT_NE(ring, nullptr);
+  auto r = ring->Commit({{q, TestTokenIds(0, 1)}});
   ASSERT_TRUE(r.ok() && (*r)[0].ok());
   EXPECT_GE(h_->ring_cpu_moves(), 1u);
 }
@@ -236,18 +244,15 @@ TEST_F(CommitRingTest, OneRingPerSessionAndNoneWithoutSharedMemory) {
 
 TEST_F(CommitRingTest, EndedSessionIsTheCallsNotFoundAndClosesTheRing) {
   Session* s = Open("tenant-a");
-  auto ring = s->OpenCommitRing();
-  ASSERT_TRUE(ring.ok());
-  const uint64_t q = Sequences(s, 1)[0];
-  const std::vector<float> kv = TestKv(1, 3);
-  ASSERT_TRUE(s->Stage(q, 1, kv.data(), kv.data(), DType::kF32).ok());
+  auto [ring, q] = RingWithOneStagedToken(s);
+  ASSERT_NE(ring, nullptr);
   ASSERT_TRUE(h_->CloseSession(s->Ref()).ok());
   auto batch = s->CommitBatch({{q, {1}}});
-  auto r = (*ring)->Commit({{q, {1}}});
+  auto r = ring->Commit({{q, {1}}});
   EXPECT_EQ(batch.status().code(), Code::kNotFound);
   EXPECT_EQ(r.status().code(), Code::kNotFound);
   // The ring is closed for good.
-  auto again = (*ring)->Commit({{q, {1}}});
+  auto again = ring->Commit({{q, {1}}});
   EXPECT_FALSE(again.ok());
   EXPECT_EQ(h_->rings_broken(), 1u);
 }
