@@ -184,6 +184,35 @@ HWY_INLINE double FoldLanes(D d, hn::Vec<D> v) {
   }
 }
 
+// A strip of two float vectors of channels, c .. c + 2 Lanes(df): the channels' scales and
+// reciprocals, and FormCurWith at one token over the strip, whole float vectors through the
+// divisions, their halves widened to four double vectors p. FormStrip returns cur at (t, c).
+HWY_INLINE void LoadStripScales(const Axis& ch, size_t c, VF (&ce)[2], VF (&cr)[2]) {
+  const DF df;
+  for (size_t k = 0; k < 2; ++k) {
+    ce[k] = hn::LoadU(df, ch.e + c + k * hn::Lanes(df));
+    cr[k] = hn::LoadU(df, ch.r + c + k * hn::Lanes(df));
+  }
+}
+template <int kDivs, bool kKeys>
+HWY_INLINE float FormStrip(const float* HWY_RESTRICT src, size_t t, size_t c, size_t d, float te, float tr,
+                           const VF (&ce)[2], const VF (&cr)[2], float* HWY_RESTRICT u_out, VD (&p)[4]) {
+  const DF df;
+  const DD dd;
+  const DH dh;
+  const size_t N = hn::Lanes(df);
+  const VF tev = hn::Set(df, te), trv = hn::Set(df, tr);
+  float first = 0.0f;
+  for (size_t k = 0; k < 2; ++k) {
+    const VF x = FormCurWith<kDivs, kKeys>(hn::LoadU(df, src + t * d + c + k * N), tev, trv, ce[k], cr[k],
+                                           UAt<kDivs>(u_out, t * d + c + k * N));
+    if (k == 0) first = hn::GetLane(x);
+    p[2 * k] = hn::PromoteTo(dd, hn::LowerHalf(dh, x));
+    p[2 * k + 1] = hn::PromoteTo(dd, hn::UpperHalf(dh, x));
+  }
+  return first;
+}
+
 // The stds over the channels of every token of cur (see FormCurWith) and, with kVertical, over
 // the tokens of every channel, in one sweep of channel strips: a channel's sums stay in
 // registers while the tokens stream past, a token's kChannelPartials partial sums live in
@@ -204,20 +233,12 @@ HWY_NOINLINE void StripPass(const float* HWY_RESTRICT src, size_t g, size_t d, c
   const float* HWY_RESTRICT tr = tok.r;
   for (size_t c = 0; c < d; c += 2 * N) {
     VD hc[4], a[4], q[4];
-    // Whole float vectors through the divisions, then their halves widened.
     VF ce[2], cr[2];
-    for (size_t k = 0; k < 2; ++k) ce[k] = hn::LoadU(df, ch.e + c + k * N), cr[k] = hn::LoadU(df, ch.r + c + k * N);
+    LoadStripScales(ch, c, ce, cr);
     for (size_t t = 0; t < g; ++t) {
-      const VF tev = hn::Set(df, te[t]), trv = hn::Set(df, tr[t]);
-      VF x[2];
       VD p[4];
-      for (size_t k = 0; k < 2; ++k) {
-        x[k] = FormCurWith<kDivs, kKeys>(hn::LoadU(df, src + t * d + c + k * N), tev, trv, ce[k], cr[k],
-                                         UAt<kDivs>(u_out, t * d + c + k * N));
-        p[2 * k] = hn::PromoteTo(dd, hn::LowerHalf(dh, x[k]));
-        p[2 * k + 1] = hn::PromoteTo(dd, hn::UpperHalf(dh, x[k]));
-      }
-      if (c == 0) hrow[t] = static_cast<double>(hn::GetLane(x[0]));
+      const float first = FormStrip<kDivs, kKeys>(src, t, c, d, te[t], tr[t], ce, cr, u_out, p);
+      if (c == 0) hrow[t] = static_cast<double>(first);
       const VD hr = hn::Set(dd, hrow[t]);
       double* HWY_RESTRICT st = state + t * 2 * kP;
       for (size_t k = 0; kVertical && k < 4; ++k) {
@@ -284,26 +305,14 @@ HWY_NOINLINE void ColPass(const float* HWY_RESTRICT src, size_t g, size_t d, con
   const float* HWY_RESTRICT te = tok.e;
   const float* HWY_RESTRICT tr = tok.r;
   for (size_t c = 0; c < d; c += 2 * N) {
-    // Whole float vectors through the divisions, then their halves widened.
     VF ce[2], cr[2];
-    for (size_t k = 0; k < 2; ++k) ce[k] = hn::LoadU(df, ch.e + c + k * N), cr[k] = hn::LoadU(df, ch.r + c + k * N);
-    const auto form = [&](size_t t, VD* p) {
-      for (size_t k = 0; k < 2; ++k) {
-        VF x = hn::LoadU(df, src + t * d + c + k * N);
-        if constexpr (kDivs != 0) {
-          x = FormCurWith<kDivs, kKeys>(x, hn::Set(df, te[t]), hn::Set(df, tr[t]), ce[k], cr[k],
-                                        UAt<kDivs>(u_out, t * d + c + k * N));
-        }
-        p[2 * k] = hn::PromoteTo(dd, hn::LowerHalf(dh, x));
-        p[2 * k + 1] = hn::PromoteTo(dd, hn::UpperHalf(dh, x));
-      }
-    };
+    LoadStripScales(ch, c, ce, cr);
     VD h[4], p[4];
-    form(0, h);
+    FormStrip<kDivs, kKeys>(src, 0, c, d, te[0], tr[0], ce, cr, u_out, h);
     // Token 0 adds y = 0 to every sum.
     VD a0 = hn::Zero(dd), a1 = a0, a2 = a0, a3 = a0, q0 = a0, q1 = a0, q2 = a0, q3 = a0;
     for (size_t t = 1; t < g; ++t) {
-      form(t, p);
+      FormStrip<kDivs, kKeys>(src, t, c, d, te[t], tr[t], ce, cr, u_out, p);
       const VD y0 = hn::Sub(p[0], h[0]);
       const VD y1 = hn::Sub(p[1], h[1]);
       const VD y2 = hn::Sub(p[2], h[2]);
