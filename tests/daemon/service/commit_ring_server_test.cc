@@ -55,6 +55,25 @@ struct RawRing {
   }
 };
 
+// The ring lent for `ref` on the descriptor channel at `socket`, mapped as the client holds it.
+absl::StatusOr<RawRing> TakeRing(const std::string& socket, const v1::SessionRef& ref) {
+  auto lent = FetchCommitRing(socket, ref);
+  if (!lent.ok()) return lent.status();
+  RawRing r;
+  for (auto& seg : lent->segments) {
+    if (seg.entry.kind() == v1::DescriptorReply::Entry::KIND_COMMIT_RING) {
+      r.capacity = seg.entry.ring_records();
+      auto m = FdMapping::Map(std::move(seg.fd), seg.entry.bytes(), true);
+      if (!m.ok()) return m.status();
+      r.memory = std::move(*m);
+    } else if (seg.entry.kind() == v1::DescriptorReply::Entry::KIND_DOORBELL) {
+      r.doorbell = std::move(seg.fd);
+    }
+  }
+  if (r.capacity == 0 || !r.doorbell.valid()) return absl::InternalError("no ring in the reply");
+  return r;
+}
+
 ring::Record Rec(uint64_t seq, const std::vector<uint32_t>& ids) {
   ring::Record r{};
   r.sequence = seq;
@@ -86,23 +105,7 @@ class CommitRingServerTest : public ::testing::Test {
     if (!mem.ok()) return mem.status();
     return RingOnly(ref);
   }
-  absl::StatusOr<RawRing> RingOnly(const v1::SessionRef& ref) {
-    auto lent = FetchCommitRing(h_.descriptor_socket(), ref);
-    if (!lent.ok()) return lent.status();
-    RawRing r;
-    for (auto& seg : lent->segments) {
-      if (seg.entry.kind() == v1::DescriptorReply::Entry::KIND_COMMIT_RING) {
-        r.capacity = seg.entry.ring_records();
-        auto m = FdMapping::Map(std::move(seg.fd), seg.entry.bytes(), true);
-        if (!m.ok()) return m.status();
-        r.memory = std::move(*m);
-      } else if (seg.entry.kind() == v1::DescriptorReply::Entry::KIND_DOORBELL) {
-        r.doorbell = std::move(seg.fd);
-      }
-    }
-    if (r.capacity == 0 || !r.doorbell.valid()) return absl::InternalError("no ring in the reply");
-    return r;
-  }
+  absl::StatusOr<RawRing> RingOnly(const v1::SessionRef& ref) { return TakeRing(h_.descriptor_socket(), ref); }
 
   // The AppendBatch RPC for the same records.
   grpc::Status Batch(const v1::SessionRef& ref, const std::vector<ring::Record>& records, v1::AppendBatchResponse* resp) {
@@ -312,12 +315,6 @@ TEST_F(CommitRingServerTest, StopClosesRingsWithUnavailable) {
   EXPECT_EQ(RingOnly(ref).status().code(), Code::kUnavailable);
 }
 
-}  // namespace
-}  // namespace kvarn::testing
-
-namespace kvarn::testing {
-namespace {
-
 // The CPUs of this thread's mask, in order.
 std::vector<int> MaskCpus() {
   cpu_set_t mask;
@@ -357,25 +354,13 @@ class CommitRingCpuTest : public ::testing::Test {
   void CommitWithHints(ServiceHarness& h, const std::vector<uint32_t>& hints) {
     const v1::SessionRef ref = ServiceHarness::RefOf(h.Open("a", 2));
     ASSERT_TRUE(FetchSessionMemory(h.descriptor_socket(), ref).ok());
-    auto lent = FetchCommitRing(h.descriptor_socket(), ref);
-    ASSERT_TRUE(lent.ok()) << lent.status();
-    RawRing r;
-    for (auto& seg : lent->segments) {
-      if (seg.entry.kind() == v1::DescriptorReply::Entry::KIND_COMMIT_RING) {
-        r.capacity = seg.entry.ring_records();
-        auto m = FdMapping::Map(std::move(seg.fd), seg.entry.bytes(), true);
-        ASSERT_TRUE(m.ok());
-        r.memory = std::move(*m);
-      } else if (seg.entry.kind() == v1::DescriptorReply::Entry::KIND_DOORBELL) {
-        r.doorbell = std::move(seg.fd);
-      }
-    }
-    ASSERT_GT(r.capacity, 0u);
+    auto r = TakeRing(h.descriptor_socket(), ref);
+    ASSERT_TRUE(r.ok()) << r.status();
     const uint64_t seq = h.CreateSequence(ref);
     uint32_t id = 1;
     for (uint32_t hint : hints) {
-      r.h()->cpu.store(hint);
-      const auto got = r.Commit({Rec(seq, {id})});
+      r->h()->cpu.store(hint);
+      const auto got = r->Commit({Rec(seq, {id})});
       ASSERT_EQ(got.size(), 1u) << "hint " << hint;
       EXPECT_EQ(got[0].code, 0) << "hint " << hint << ": " << Message(got[0]);
       EXPECT_EQ(got[0].tokens, id);
