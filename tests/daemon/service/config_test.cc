@@ -226,6 +226,16 @@ TEST(ConfigTest, ABadAllowInsecureTcpIsInvalidArgumentNamingTheKey) {
   for (const char* v : {"yes", "1", "TRUE", ""}) EXPECT_THAT(FlagError("allow_insecure_tcp", v), HasSubstr("allow_insecure_tcp")) << v;
 }
 
+TEST(ConfigTest, RingFollowCpuIsOnByDefaultAndParsesAsABool) {
+  auto on = Parse({});
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_TRUE(on->ring_follow_cpu);
+  auto off = Parse({"--ring_follow_cpu=false"});
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->ring_follow_cpu);
+  for (const char* v : {"yes", "1", ""}) EXPECT_THAT(FlagError("ring_follow_cpu", v), HasSubstr("ring_follow_cpu")) << v;
+}
+
 TEST(ConfigTest, ABadValueInAConfigFileNamesTheFileAndTheLine) {
   TempDir dir;
   const std::string path = dir.File("kvarnd.conf");
