@@ -13,6 +13,14 @@
 // A sealed segment cannot give pages back (hole punching counts as a write), so its resident
 // memory is whatever has been touched, at most its size.
 //
+// Huge pages: a segment may instead live on the kernel's huge page pool (MFD_HUGETLB, the
+// default huge page size, 2 MiB on x86-64), which an administrator fills (vm.nr_hugepages, or
+// a Kubernetes node's hugepages-2Mi). Its size is then rounded up to whole huge pages, and the
+// pages are reserved for the whole segment when it is created, so a later touch cannot fail.
+// A touch of many scattered rows (the commit path's NaN scan, the client's staging) then costs
+// one TLB entry per 2 MiB instead of per 4 KiB. Mappings of such a segment, the daemon's and a
+// client's (FdMapping), cover whole huge pages: the kernel unmaps nothing smaller.
+//
 // Thread safety: immutable after Create; data() may be used from any thread.
 #ifndef KVARN_COMMON_SHARED_MEMORY_H_
 #define KVARN_COMMON_SHARED_MEMORY_H_
@@ -34,6 +42,9 @@ class SharedMemory {
   // /proc/<pid>/maps only. INVALID_ARGUMENT for 0 bytes; RESOURCE_EXHAUSTED when the system
   // refuses the memory; FAILED_PRECONDITION when the kernel cannot seal (older than 5.1).
   static absl::StatusOr<SharedMemory> Create(const std::string& name, size_t bytes, ClientAccess access);
+  // The same on huge pages: RESOURCE_EXHAUSTED when the huge page pool has too few free pages
+  // (or the kernel has none configured), which the caller may answer with Create.
+  static absl::StatusOr<SharedMemory> CreateOnHugePages(const std::string& name, size_t bytes, ClientAccess access);
 
   SharedMemory() = default;
   SharedMemory(SharedMemory&& other) noexcept;
@@ -47,18 +58,22 @@ class SharedMemory {
   // The descriptor to hand to clients (dup it to send: it stays owned here).
   int fd() const { return fd_.get(); }
   ClientAccess access() const { return access_; }
+  // The size of the pages behind the segment: the base page size, or the huge page size.
+  size_t page_bytes() const { return page_bytes_; }
   // Bytes of memory actually allocated behind the segment (fstat st_blocks).
   uint64_t ResidentBytes() const;
 
  private:
-  SharedMemory(UniqueFd fd, uint8_t* data, size_t size, ClientAccess access)
-      : fd_(std::move(fd)), data_(data), size_(size), access_(access) {}
+  SharedMemory(UniqueFd fd, uint8_t* data, size_t size, ClientAccess access, size_t page_bytes)
+      : fd_(std::move(fd)), data_(data), size_(size), access_(access), page_bytes_(page_bytes) {}
+  static absl::StatusOr<SharedMemory> Make(const std::string& name, size_t bytes, ClientAccess access, bool huge);
   void Reset();
 
   UniqueFd fd_;
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
   ClientAccess access_ = ClientAccess::kReadOnly;
+  size_t page_bytes_ = 0;
 };
 
 // A client's mapping of a segment descriptor it received; unmapped (and the descriptor
@@ -69,6 +84,7 @@ class FdMapping {
   // FAILED_PRECONDITION when the segment is smaller than `bytes` or not sealed against
   // shrinking (it could then be truncated under this reader); PERMISSION_DENIED when a
   // writable mapping is refused (a read-only segment).
+  // A segment on huge pages is mapped to the end of its last huge page (size() stays `bytes`).
   static absl::StatusOr<FdMapping> Map(UniqueFd fd, size_t bytes, bool writable);
 
   FdMapping() = default;
@@ -82,12 +98,18 @@ class FdMapping {
   size_t size() const { return size_; }
   // Bytes of memory allocated behind the whole segment, by every process (fstat st_blocks).
   uint64_t AllocatedBytes() const;
+  // The size of the pages behind the segment: the base page size, or the huge page size.
+  size_t page_bytes() const { return page_bytes_; }
 
  private:
-  FdMapping(UniqueFd fd, uint8_t* data, size_t size) : fd_(std::move(fd)), data_(data), size_(size) {}
+  FdMapping(UniqueFd fd, uint8_t* data, size_t size, size_t mapped, size_t page_bytes)
+      : fd_(std::move(fd)), data_(data), size_(size), mapped_(mapped), page_bytes_(page_bytes) {}
+  void Reset();
   UniqueFd fd_;
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  size_t mapped_ = 0;  // size_ rounded up to whole pages
+  size_t page_bytes_ = 0;
 };
 
 }  // namespace kvarn

@@ -9,6 +9,9 @@
 #   KVARN_TEST_STOCK_CMAKE=0  skip configuring with Debian's stock CMake modules and building
 #                             one CUDA target with them (deploy/check_stock_cmake.sh)
 #   KVARN_FUZZ_SECONDS=N      seconds per fuzz target in the ASan job (default 60)
+#   KVARN_TEST_HUGE_PAGES=N   huge pages to reserve for the tests of huge_pages (default 32, i.e.
+#                             64 MiB on x86-64), run as root only, given back at the end; 0 skips
+#                             (those tests then check only the refusals and the fallback)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -25,6 +28,18 @@ if [ "${KVARN_TEST_STOCK_CMAKE:-1}" != 0 ]; then
   echo "== stock cmake modules: configure and build a CUDA target (deploy/check_stock_cmake.sh)"
   deploy/check_stock_cmake.sh
   echo "== stock cmake modules: passed after $(( $(date +%s) - start )) s"
+fi
+# Huge pages for the huge_pages tests (tests/integration/huge_pages_test.cc): reserved on top
+# of what the machine has, and the old count restored on exit.
+hugepages=/proc/sys/vm/nr_hugepages
+want_huge=${KVARN_TEST_HUGE_PAGES:-32}
+if [ "$want_huge" != 0 ] && [ -w "$hugepages" ] && [ "$(id -u)" = 0 ]; then
+  huge_before=$(cat "$hugepages")
+  trap 'echo "$huge_before" > "$hugepages"' EXIT
+  echo $((huge_before + want_huge)) > "$hugepages" || true
+  echo "== huge pages: $(awk '/^HugePages_Free/ { print $2 }' /proc/meminfo) free for the tests (vm.nr_hugepages $huge_before -> $(cat "$hugepages"))"
+else
+  echo "== huge pages: none reserved (KVARN_TEST_HUGE_PAGES=$want_huge, root and a writable $hugepages needed); their tests check only refusals"
 fi
 echo "== release: tests"
 ctest --test-dir "$build" --output-on-failure -j "${KVARN_JOBS:-$(nproc)}" --timeout 600

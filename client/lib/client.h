@@ -162,6 +162,9 @@ class Session {
   bool alive() const { return alive_.load(); }
   // Whether the pool is mapped into this process (Unix socket targets).
   bool mapped() const { return mapped_; }
+  // The size of the pages behind this session's tail segment: the base page size, or the huge
+  // page size when kvarnd put it on huge pages (huge_pages = try or on); 0 when not mapped.
+  size_t tail_page_bytes() const { return tail_.page_bytes(); }
 
   absl::StatusOr<SequenceInfo> CreateSequence(std::span<const uint32_t> prompt);
   absl::StatusOr<uint64_t> Lookup(std::span<const uint32_t> prompt);

@@ -15,9 +15,18 @@ const char* KindName(RegionKind k) {
   return "x";
 }
 
-class HostRegion final : public Region {
+}  // namespace
+
+class HostMemoryBackend::HostRegion final : public Region {
  public:
-  explicit HostRegion(SharedMemory memory) : memory_(std::move(memory)) {}
+  // `huge_bytes`: the counter this region's bytes are added to while it lives, or null.
+  HostRegion(SharedMemory memory, std::shared_ptr<std::array<std::atomic<uint64_t>, 3>> huge_bytes, RegionKind kind)
+      : memory_(std::move(memory)), huge_bytes_(std::move(huge_bytes)), kind_(kind) {
+    if (huge_bytes_) (*huge_bytes_)[static_cast<int>(kind_)].fetch_add(memory_.size(), std::memory_order_relaxed);
+  }
+  ~HostRegion() override {
+    if (huge_bytes_) (*huge_bytes_)[static_cast<int>(kind_)].fetch_sub(memory_.size(), std::memory_order_relaxed);
+  }
   uint8_t* data() const override { return memory_.data(); }
   size_t size() const override { return memory_.size(); }
   SegmentInfo Describe() const override { return SegmentInfo{memory_.size(), "", -1, 0}; }
@@ -25,15 +34,28 @@ class HostRegion final : public Region {
 
  private:
   SharedMemory memory_;
+  std::shared_ptr<std::array<std::atomic<uint64_t>, 3>> huge_bytes_;
+  RegionKind kind_;
 };
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<Region>> HostMemoryBackend::Create(RegionKind kind, size_t bytes) {
   const ClientAccess access = kind == RegionKind::kTail ? ClientAccess::kReadWrite : ClientAccess::kReadOnly;
-  auto m = SharedMemory::Create(absl::StrCat("kvarnd.", instance_, ".", KindName(kind)), bytes, access);
+  const std::string name = absl::StrCat("kvarnd.", instance_, ".", KindName(kind));
+  if (huge_pages_ != HugePages::kOff) {
+    auto m = SharedMemory::CreateOnHugePages(name, bytes, access);
+    if (m.ok()) return std::unique_ptr<Region>(new HostRegion(std::move(*m), huge_bytes_, kind));
+    if (huge_pages_ == HugePages::kOn || !absl::IsResourceExhausted(m.status())) {
+      return absl::Status(m.status().code(), absl::StrCat(m.status().message(), " (huge_pages = on)"));
+    }
+    fallbacks_.fetch_add(1, std::memory_order_relaxed);
+  }
+  auto m = SharedMemory::Create(name, bytes, access);
   if (!m.ok()) return m.status();
-  return std::unique_ptr<Region>(new HostRegion(std::move(*m)));
+  return std::unique_ptr<Region>(new HostRegion(std::move(*m), nullptr, kind));
+}
+
+uint64_t HostMemoryBackend::HugePageBytes(RegionKind kind) const {
+  return (*huge_bytes_)[static_cast<int>(kind)].load(std::memory_order_relaxed);
 }
 
 }  // namespace kvarn

@@ -208,6 +208,9 @@ struct CoreStats {
   uint32_t sink_total = 0, sink_free = 0, sink_active = 0, sink_cached = 0, sink_sealing = 0;
   uint32_t tail_slots_budget = 0, tail_slots_reserved = 0;
   uint64_t retained_bytes = 0;  // memory the backend keeps for a client process still alive
+  // Bytes of the quant, sink and tail regions on huge pages (MemoryBackend::HugePageBytes).
+  std::array<uint64_t, 3> huge_page_bytes{};
+  uint64_t huge_page_fallbacks = 0;  // regions put on base pages for want of huge pages
   uint32_t sessions = 0, sequences = 0;
   uint32_t client_sessions = 0;  // sessions that are not observers (those hold a drain open)
   uint64_t prefix_queried_tokens = 0, prefix_hit_tokens = 0;

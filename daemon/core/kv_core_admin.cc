@@ -151,6 +151,9 @@ absl::StatusOr<CoreStats> KvCore::Stats(std::optional<SessionRef> ref) const {
   st.tail_slots_budget = tail_budget_;
   st.tail_slots_reserved = sessions_.tail_slots_reserved();
   st.retained_bytes = backend_->RetainedBytes();
+  st.huge_page_bytes = {backend_->HugePageBytes(RegionKind::kQuant), backend_->HugePageBytes(RegionKind::kSink),
+                        backend_->HugePageBytes(RegionKind::kTail)};
+  st.huge_page_fallbacks = backend_->HugePageFallbacks();
   st.quant_capacity_bytes = uint64_t{qp.total()} * layout_.quant_block_bytes();
   st.fp16_capacity_bytes = (uint64_t{sp.total()} + tail_budget_) * layout_.fp16_block_bytes();
   st.capacity_bytes = config_.capacity_bytes;

@@ -55,6 +55,11 @@ class MemoryBackend {
   // Frees retained memory whose importer is gone. May read /proc and call the device, so it
   // runs outside the core's lock (the daemon's housekeeping loop).
   virtual void Sweep() {}
+  // Bytes of live regions of `kind` on huge pages (host backend, huge_pages = try or on).
+  // Lock-free: called under the core's lock.
+  virtual uint64_t HugePageBytes(RegionKind /*kind*/) const { return 0; }
+  // Regions that asked for huge pages and were created on base pages for want of them.
+  virtual uint64_t HugePageFallbacks() const { return 0; }
   // "host", "cuda" or "heap".
   virtual const char* name() const = 0;
   // Whether lending memory needs the importer's pid (retention: LendTo). A peer in another

@@ -203,6 +203,7 @@ const std::map<std::string, Key>& Keys() {
                            return absl::OkStatus();
                          }}},
       {"metrics", Str("host:port of the Prometheus /metrics endpoint, empty disables (default 127.0.0.1:9464)", &DaemonConfig::metrics)},
+      {"huge_pages", OneOf("host backend: put the pool's segments on the kernel's huge pages (vm.nr_hugepages): off, try (base pages when too few are free) or on (too few free: kvarnd does not start, a session is refused) (default off)", &DaemonConfig::huge_pages, {"off", "try", "on"})},
       {"ring_follow_cpu", Bool("true: drain a commit ring on the CPU its client committed from, if kvarnd's CPU mask allows it (default true)", &DaemonConfig::ring_follow_cpu)},
       {"seal_threads", Int("threads quantizing one block (default 1)", &DaemonConfig::seal_threads, 1, 256)},
       {"max_message_mb", Int("largest gRPC message accepted, MiB; 0 derives it from the layout (default 0)",

@@ -17,6 +17,10 @@ struct DaemonConfig {
   CoreConfig core;
   std::string instance = "kvarnd";          // names the daemon in logs and its segments in /proc/<pid>/maps
   std::string backend = "host";             // host, cuda or auto
+  // The host backend's segments on the kernel's huge page pool: off, try (base pages when it
+  // has no room) or on (no room: kvarnd does not start, a session is refused). The cuda
+  // backend's pool is device memory and ignores it.
+  std::string huge_pages = "off";
   int cuda_device = 0;
   std::string listen = "/run/kvarnd/kvarnd.sock";  // Unix domain socket path ("" disables)
   uint32_t socket_mode = 0600;              // of the Unix socket and its descriptor channel

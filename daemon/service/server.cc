@@ -136,7 +136,8 @@ absl::StatusOr<std::unique_ptr<MemoryBackend>> MakeBackend(const DaemonConfig& c
 #endif
   const int threads = c.seal_threads;
   *sealer = [threads](const Preset& p, const BlockLayout& l) { return std::make_unique<CpuSealer>(p, l, threads); };
-  return std::unique_ptr<MemoryBackend>(new HostMemoryBackend(c.instance));
+  const HugePages huge = c.huge_pages == "on" ? HugePages::kOn : c.huge_pages == "try" ? HugePages::kTry : HugePages::kOff;
+  return std::unique_ptr<MemoryBackend>(new HostMemoryBackend(c.instance, huge));
 }
 
 // The socket's directory must exist and be writable by kvarnd's uid: say which, and how to fix
@@ -373,6 +374,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const DaemonConfig& config
                                                                               "address can open sessions; configure TLS"}});
   }
   const CoreStats st = s->core_->Stats(std::nullopt).value();
+  if (st.huge_page_fallbacks > 0) {
+    Log(LogLevel::kWarning, "huge_pages_unavailable",
+        {{"regions", st.huge_page_fallbacks}, {"reason", "too few free huge pages (HugePages_Free in /proc/meminfo): the pool is on base pages"}});
+  }
   const std::string trust = config.tenants_file.empty()
       ? std::string("one trust domain: tenant names are unauthenticated labels (configure tenants_file to authenticate tenants)")
       : absl::StrCat("authenticated tenants: ", tenants.size(), " from ", config.tenants_file);
@@ -384,7 +389,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const DaemonConfig& config
        {"preset", s->core_->preset().Name()}, {"layers", config.core.model.num_layers},
        {"kv_heads", config.core.model.num_kv_heads}, {"head_dim", config.core.model.head_dim},
        {"capacity_bytes", st.capacity_bytes}, {"quant_blocks", st.quant_total}, {"sink_blocks", st.sink_total},
-       {"tail_slots", st.tail_slots_budget}, {"max_message_bytes", message_limit},
+       {"tail_slots", st.tail_slots_budget}, {"huge_pages", config.huge_pages},
+       {"huge_page_bytes", st.huge_page_bytes[0] + st.huge_page_bytes[1]}, {"max_message_bytes", message_limit},
        {"read_tokens_per_call", config.core.max_read_tokens}, {"trust", trust}});
   return s;
 }

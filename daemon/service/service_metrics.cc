@@ -139,6 +139,16 @@ absl::Status ServiceMetrics::Bind(const KvCore* core) {
       return static_cast<double>(s.Partition()[i].blocks * s.tile_tokens);
     }).IgnoreError();
   }
+  auto huge = gauge("kvarn_pool_huge_page_bytes", "Bytes of the pool's host segments on huge pages (huge_pages = try or on), by class; tail counts the open sessions' tails.", {"class"});
+  if (!huge.ok()) return huge.status();
+  for (int k = 0; k < 3; ++k) {
+    const char* cls = k == 0 ? "quant" : k == 1 ? "sink" : "tail";
+    (*huge)->SetCallback({cls}, [this, k] { return static_cast<double>(Snapshot().huge_page_bytes[k]); }).IgnoreError();
+  }
+  auto fallbacks = counter("kvarn_pool_huge_page_fallbacks_total", "Segments kvarnd asked the huge page pool for (huge_pages = try) and put on base pages, for want of free huge pages.", {});
+  if (!fallbacks.ok()) return fallbacks.status();
+  (*fallbacks)->SetCallback({}, [this] { return static_cast<double>(Snapshot().huge_page_fallbacks); }).IgnoreError();
+
   auto configured = gauge("kvarn_pool_configured_bytes", "The configured capacity; the pool is this less what fits no block (under one block per class).", {});
   if (!configured.ok()) return configured.status();
   (*configured)->SetCallback({}, [this] { return static_cast<double>(Snapshot().capacity_bytes); }).IgnoreError();

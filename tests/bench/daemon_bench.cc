@@ -13,9 +13,11 @@
 //   - client reads of sealed blocks in place against memcpy of as many bytes, both beyond the
 //     last-level cache (target >= half); dequantization; attention with varied queries over a
 //     sequence the reads evicted from the cache.
-// It starts its own kvarnd (path from --kvarnd, default the one built beside it).
+// It starts its own kvarnd (path from --kvarnd, default the one built beside it), with
+// huge_pages as --huge_pages says (default try: on huge pages where the machine has free ones,
+// docs/operations.md); the header says which pages the session's tail got.
 //
-// usage: kvarn_daemon_bench [--kvarnd=PATH | --target=unix:/path] [--quick]
+// usage: kvarn_daemon_bench [--kvarnd=PATH | --target=unix:/path] [--huge_pages=off|try|on] [--quick]
 // With --target it measures a kvarnd already running with the same model (8 x 4 x 128,
 // kvarn_k4v2_g128) instead of starting one.
 #include <grpcpp/create_channel.h>
@@ -117,6 +119,7 @@ std::string Fmt(const char* f, double x) {
 int Main(int argc, char** argv) {
   std::string kvarnd = KVARN_KVARND_PATH;
   std::string target;
+  std::string huge_pages = "try";
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -124,10 +127,12 @@ int Main(int argc, char** argv) {
       kvarnd = a.substr(9);
     } else if (a.rfind("--target=", 0) == 0) {
       target = a.substr(9);
+    } else if (a.rfind("--huge_pages=", 0) == 0 && (a.substr(13) == "off" || a.substr(13) == "try" || a.substr(13) == "on")) {
+      huge_pages = a.substr(13);
     } else if (a == "--quick") {
       quick = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--kvarnd=PATH | --target=unix:/path] [--quick]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--kvarnd=PATH | --target=unix:/path] [--huge_pages=off|try|on] [--quick]\n", argv[0]);
       return 2;
     }
   }
@@ -139,7 +144,7 @@ int Main(int argc, char** argv) {
   // The demo model: 8 layers x 4 kv-heads x 128, kvarn_k4v2_g128, fp16 sink tile.
   std::vector<std::string> args = {kvarnd, "--listen=" + sock, "--metrics=", "--instance=" + instance,
                                    "--capacity=2GiB", "--fp16_share=0.5", "--num_layers=8", "--num_kv_heads=4", "--head_dim=128",
-                                   "--seal_threads=1", "--log_level=warning", "--max_tail_slots=512"};
+                                   "--seal_threads=1", "--log_level=warning", "--max_tail_slots=512", "--huge_pages=" + huge_pages};
   std::vector<char*> cargs;
   for (std::string& s : args) cargs.push_back(s.data());
   cargs.push_back(nullptr);
@@ -182,8 +187,10 @@ int Main(int argc, char** argv) {
     return x;
   };
 
-  std::printf("kvarnd at %s, model 8 layers x 4 kv-heads x 128, %s, host backend\n\n", target.c_str(),
+  std::printf("kvarnd at %s, model 8 layers x 4 kv-heads x 128, %s, host backend\n", target.c_str(),
               s.preset().Name().c_str());
+  std::printf("tail segment on %zu KiB pages (%s)\n\n", s.tail_page_bytes() >> 10,
+              daemon > 0 ? ("kvarnd started with --huge_pages=" + huge_pages).c_str() : "as the kvarnd at --target has it");
   std::printf("clock: std::chrono::steady_clock, wall time in this process; each row names its statistic\n\n");
   std::printf("  %-44s %-22s %-28s %s\n", "measure", "figure", "reference", "target");
 

@@ -1,10 +1,11 @@
 // common/shared_memory.h: what the seals of kReadOnly and kReadWrite segments allow a holder
-// of the descriptor, and what FdMapping refuses to map.
+// of the descriptor, and what FdMapping refuses to map; segments on the kernel's huge pages.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cerrno>
@@ -13,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/shared_memory.h"
+#include "tests/common/huge_pages.h"
 
 namespace kvarn {
 namespace {
@@ -190,6 +192,95 @@ TEST(FdMappingTest, ClosesItsDescriptorWhenDestroyed) {
   const int err = errno;
   EXPECT_EQ(flags, -1);
   EXPECT_EQ(err, EBADF);
+}
+
+// ---- Huge pages ----
+
+using kvarn::testing::ReadHugePagePool;
+
+// Whether [p, p + 1) is mapped in this process: msync fails with ENOMEM on an unmapped page.
+bool Mapped(const void* p) {
+  const uintptr_t page = reinterpret_cast<uintptr_t>(p) & ~static_cast<uintptr_t>(sysconf(_SC_PAGESIZE) - 1);
+  return msync(reinterpret_cast<void*>(page), 1, MS_ASYNC) == 0;
+}
+
+TEST(HugePagesTest, MoreThanTheFreeHugePagesIsResourceExhaustedNamingThePool) {
+  const auto pool = ReadHugePagePool();
+  const size_t page = pool.page_bytes ? pool.page_bytes : 2u << 20;
+  auto m = SharedMemory::CreateOnHugePages("huge-too-many", (pool.free_pages + 1) * page, ClientAccess::kReadWrite);
+  ASSERT_FALSE(m.ok()) << "reserved " << pool.free_pages + 1 << " huge pages with " << pool.free_pages << " free";
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kResourceExhausted) << m.status();
+  if (pool.page_bytes) {
+    EXPECT_THAT(std::string(m.status().message()), ::testing::HasSubstr("HugePages_Free")) << m.status();
+  }
+}
+
+TEST(HugePagesTest, ASegmentIsWholeHugePagesSealedAsOnBasePagesAndMappedWhole) {
+  const auto pool = ReadHugePagePool();
+  if (pool.page_bytes == 0 || pool.free_pages < 2) GTEST_SKIP() << "no 2 free huge pages here (vm.nr_hugepages)";
+  const size_t page = pool.page_bytes;
+  auto m = SharedMemory::CreateOnHugePages("huge-ro", page + 1, ClientAccess::kReadOnly);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->size(), 2 * page) << "rounded up to whole huge pages";
+  EXPECT_EQ(m->page_bytes(), page);
+  const int seals = fcntl(m->fd(), F_GET_SEALS);
+  EXPECT_EQ(seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL),
+            F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL);
+  EXPECT_EQ(FdMapping::Map(Dup(m->fd()), page + 1, /*writable=*/true).status().code(), absl::StatusCode::kPermissionDenied);
+  // Nothing is allocated until touched; a touch allocates a whole huge page.
+  EXPECT_EQ(m->ResidentBytes(), 0u);
+  m->data()[page + 100] = 42;
+  EXPECT_EQ(m->ResidentBytes(), page);
+  const uint8_t* seen = nullptr;
+  {
+    // A client announces the bytes it needs; the mapping covers whole huge pages.
+    auto r = FdMapping::Map(Dup(m->fd()), page + 1, /*writable=*/false);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->size(), page + 1);
+    EXPECT_EQ(r->page_bytes(), page);
+    EXPECT_EQ(r->data()[page + 100], 42);
+    EXPECT_EQ(r->AllocatedBytes(), page);
+    seen = r->data();
+    ASSERT_TRUE(Mapped(seen + page + 100));
+  }
+  // Unmapped on destruction: a huge page mapping unmapped by a length that is not whole huge
+  // pages would fail (EINVAL) and stay.
+  EXPECT_FALSE(Mapped(seen)) << "the client's mapping of a huge page segment outlived it";
+  EXPECT_FALSE(Mapped(seen + page));
+}
+
+TEST(HugePagesTest, AReadWriteSegmentSharesItsHugePagesWithAWritableMapping) {
+  const auto pool = ReadHugePagePool();
+  if (pool.page_bytes == 0 || pool.free_pages < 1) GTEST_SKIP() << "no free huge page here (vm.nr_hugepages)";
+  auto m = SharedMemory::CreateOnHugePages("huge-rw", kBytes, ClientAccess::kReadWrite);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->size(), pool.page_bytes);
+  EXPECT_EQ(fcntl(m->fd(), F_GET_SEALS) & F_SEAL_FUTURE_WRITE, 0);
+  auto w = FdMapping::Map(Dup(m->fd()), kBytes, /*writable=*/true);
+  ASSERT_TRUE(w.ok()) << w.status();
+  w->data()[kBytes - 1] = 7;
+  EXPECT_EQ(m->data()[kBytes - 1], 7);
+  m->data()[3] = 9;
+  EXPECT_EQ(w->data()[3], 9);
+  // A moved mapping keeps the whole-page length it unmaps with.
+  const uint8_t* p = w->data();
+  {
+    FdMapping moved = std::move(*w);
+    EXPECT_EQ(moved.page_bytes(), pool.page_bytes);
+    EXPECT_TRUE(Mapped(p));
+  }
+  EXPECT_FALSE(Mapped(p));
+}
+
+TEST(HugePagesTest, BasePageSegmentsAndMappingsSayTheirPageSize) {
+  const size_t base = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  auto m = SharedMemory::Create("base-pages", kBytes, ClientAccess::kReadWrite);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->page_bytes(), base);
+  auto r = FdMapping::Map(Dup(m->fd()), kBytes - 1, false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->page_bytes(), base);
+  EXPECT_EQ(r->size(), kBytes - 1);
 }
 
 }  // namespace

@@ -236,6 +236,18 @@ TEST(ConfigTest, RingFollowCpuIsOnByDefaultAndParsesAsABool) {
   for (const char* v : {"yes", "1", ""}) EXPECT_THAT(FlagError("ring_follow_cpu", v), HasSubstr("ring_follow_cpu")) << v;
 }
 
+TEST(ConfigTest, HugePagesIsOffByDefaultAndTakesOffTryOrOn) {
+  auto def = Parse({});
+  ASSERT_TRUE(def.ok()) << def.status();
+  EXPECT_EQ(def->huge_pages, "off");
+  for (const char* v : {"off", "try", "on"}) {
+    auto c = Parse({absl::StrCat("--huge_pages=", v)});
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->huge_pages, v);
+  }
+  for (const char* v : {"true", "yes", "2MiB", ""}) EXPECT_THAT(FlagError("huge_pages", v), HasSubstr("huge_pages")) << v;
+}
+
 TEST(ConfigTest, ABadValueInAConfigFileNamesTheFileAndTheLine) {
   TempDir dir;
   const std::string path = dir.File("kvarnd.conf");

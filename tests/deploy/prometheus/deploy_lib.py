@@ -17,6 +17,8 @@ COUNTERS_AND_GAUGES = [
     "kvarn_pool_capacity_bytes",
     "kvarn_pool_capacity_tokens",
     "kvarn_pool_configured_bytes",
+    "kvarn_pool_huge_page_bytes",
+    "kvarn_pool_huge_page_fallbacks_total",
     "kvarn_pool_tokens",
     "kvarn_pool_usage_ratio",
     "kvarn_prefix_cache_hit_tokens_total",

@@ -59,6 +59,7 @@ EXPECTED_LABELS = {
     "kvarn_whatif_prefix_hit_tokens_total": ("capacity_scale", {"0.5", "1", "2", "4"}),
     "kvarn_pool_capacity_bytes": ("class", {"quant", "sink", "tail"}),
     "kvarn_pool_capacity_tokens": ("class", {"quant", "sink", "tail"}),
+    "kvarn_pool_huge_page_bytes": ("class", {"quant", "sink", "tail"}),
     "kvarn_seal_duration_seconds_count": ("kind", {"quant", "sink"}),
     "kvarn_evictions_total": ("reason", {"allocation", "watermark", "request", "quota"}),
     "kvarn_seals_total": ("kind", {"quant", "sink", "dedup"}),
