@@ -24,7 +24,6 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/security/credentials.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -42,8 +41,7 @@
 #include "client/lib/client.h"
 #include "client/lib/commit_ring.h"
 #include "kernels/fp16.h"
-
-extern char** environ;
+#include "tests/bench/spawn_daemon.h"
 
 namespace kvarn {
 namespace {
@@ -145,12 +143,10 @@ int Main(int argc, char** argv) {
   std::vector<std::string> args = {kvarnd, "--listen=" + sock, "--metrics=", "--instance=" + instance,
                                    "--capacity=2GiB", "--fp16_share=0.5", "--num_layers=8", "--num_kv_heads=4", "--head_dim=128",
                                    "--seal_threads=1", "--log_level=warning", "--max_tail_slots=512", "--huge_pages=" + huge_pages};
-  std::vector<char*> cargs;
-  for (std::string& s : args) cargs.push_back(s.data());
-  cargs.push_back(nullptr);
   pid_t daemon = 0;
   if (target.empty()) {
-    if (posix_spawn(&daemon, kvarnd.c_str(), nullptr, nullptr, cargs.data(), environ) != 0) {
+    daemon = SpawnTiedDaemon(args);
+    if (daemon < 0) {
       std::fprintf(stderr, "cannot start %s\n", kvarnd.c_str());
       return 1;
     }

@@ -12,7 +12,6 @@
 //
 // usage: kvarn_storm_bench [--kvarnd=PATH] [--threads=N] [--seconds=S]
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -29,8 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/lib/client.h"
 #include "common/mutex.h"
-
-extern char** environ;
+#include "tests/bench/spawn_daemon.h"
 
 namespace kvarn {
 namespace {
@@ -74,11 +72,8 @@ int Main(int argc, char** argv) {
   std::vector<std::string> args = {kvarnd, "--listen=" + sock, "--metrics=", "--instance=storm", "--capacity=1GiB",
                                    "--num_layers=8", "--num_kv_heads=4", "--head_dim=128", "--log_level=warning",
                                    "--max_tail_slots=512", "--default_tail_slots=64"};
-  std::vector<char*> cargs;
-  for (std::string& s : args) cargs.push_back(s.data());
-  cargs.push_back(nullptr);
-  pid_t daemon = 0;
-  if (posix_spawn(&daemon, kvarnd.c_str(), nullptr, nullptr, cargs.data(), environ) != 0) {
+  const pid_t daemon = SpawnTiedDaemon(args);
+  if (daemon < 0) {
     std::fprintf(stderr, "cannot start %s\n", kvarnd.c_str());
     return 1;
   }
