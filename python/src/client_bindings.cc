@@ -363,6 +363,10 @@ kvarn.ResourceExhaustedError past a quota.)doc");
           "mapped", [](const PySession& s) { return s.Get()->mapped(); },
           "Whether the pool is mapped into this process (Unix socket targets).")
       .def_property_readonly(
+          "tail_page_bytes", [](const PySession& s) { return s.Get()->tail_page_bytes(); },
+          "The size of the pages behind this session's tail: the base page size, or the huge page "
+          "size when kvarnd put it on huge pages (huge_pages = try or on); 0 when not mapped.")
+      .def_property_readonly(
           "on_device", [](const PySession& s) { return s.Get()->on_device(); },
           "Whether the pool is in GPU memory (kvarnd --backend=cuda).")
       .def_property_readonly(

@@ -1,11 +1,13 @@
 """kvarn.Client and kvarn.Session against a live kvarnd: sequences, appends and seals,
 prefix sharing, fork and release, in-place reads and decode attention."""
 
+import os
+
 import numpy as np
 import pytest
 
 import kvarn
-from kvtest import G, LAYOUT, make_kv, rel_l2, tokens
+from kvtest import G, LAYOUT, Daemon, make_kv, rel_l2, tokens
 
 L, H, D = LAYOUT["num_layers"], LAYOUT["num_kv_heads"], LAYOUT["head_dim"]
 
@@ -54,6 +56,7 @@ def test_client_describes_the_daemon_layout(client, session, daemon):
     assert client.layout() == kvarn.Layout(**LAYOUT)
     assert session.layout == kvarn.Layout(**LAYOUT)
     assert session.mapped and not session.on_device and session.alive
+    assert session.tail_page_bytes == os.sysconf("SC_PAGE_SIZE")  # huge_pages is off by default
     assert session.tile_tokens == G
     assert session.epoch == daemon.epoch
     assert session.pool["backend"] == "BACKEND_HOST"
@@ -311,3 +314,28 @@ def test_torch_cpu_tensors_go_in_and_come_out(session):
     info = session.append(c, torch.arange(19000, 19000 + 5),
                           torch.from_numpy(k[:5]).bfloat16(), torch.from_numpy(v[:5]).bfloat16())
     assert info.table.tokens == 5
+
+
+def _huge_pages_free():
+    """(HugePages_Free, Hugepagesize in bytes) from /proc/meminfo."""
+    fields = dict(line.split(":", 1) for line in open("/proc/meminfo"))
+    return int(fields.get("HugePages_Free", "0").split()[0]), int(fields.get("Hugepagesize", "0 kB").split()[0]) * 1024
+
+
+def test_a_tail_on_huge_pages_is_mapped_and_read_back():
+    free, page = _huge_pages_free()
+    if free * page < (24 << 20):
+        pytest.skip(f"needs 24 MiB of free huge pages (vm.nr_hugepages); {free} free")
+    d = Daemon(extra_flags=["--huge_pages=on"])
+    try:
+        with kvarn.Client(d.target).open_session("py-huge", max_sequences=2) as s:
+            assert s.tail_page_bytes == page
+            prompt = tokens(7000, 10)  # stays in the tail
+            seq, _, _ = s.create_sequence(prompt)
+            k, v = make_kv(len(prompt), seed=3)
+            s.append(seq, prompt, k, v)
+            keys, values = s.read(seq, 0, 0, len(prompt))
+            assert np.abs(keys - k[:, 0].astype(np.float32)).max() < 1e-2
+            assert np.abs(values - v[:, 0].astype(np.float32)).max() < 1e-2
+    finally:
+        d.stop()
