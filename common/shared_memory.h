@@ -15,11 +15,22 @@
 //
 // Huge pages: a segment may instead live on the kernel's huge page pool (MFD_HUGETLB, the
 // default huge page size, 2 MiB on x86-64), which an administrator fills (vm.nr_hugepages, or
-// a Kubernetes node's hugepages-2Mi). Its size is then rounded up to whole huge pages, and the
-// pages are reserved for the whole segment when it is created, so a later touch cannot fail.
+// a Kubernetes node's hugepages-2Mi). Its size is then rounded up to whole huge pages, and
+// every page is reserved and allocated when it is created (so a hugetlb cgroup limit fails the
+// creation, not a later touch).
 // A touch of many scattered rows (the commit path's NaN scan, the client's staging) then costs
 // one TLB entry per 2 MiB instead of per 4 KiB. Mappings of such a segment, the daemon's and a
 // client's (FdMapping), cover whole huge pages: the kernel unmaps nothing smaller.
+//
+// A kReadWrite segment on huge pages needs one more step. Its writer may punch holes in it
+// (fallocate, MADV_REMOVE): the kernel frees those pages and drops their reservation, and the
+// next touch of the range by anyone needs a free huge page, or dies of SIGBUS. So such a
+// segment is created without F_SEAL_SEAL, and Pin seals it
+// against hole punching (F_SEAL_FUTURE_WRITE: mappings made before stay writable, new writable
+// ones are refused) and checks that no page is missing. The owner calls Pin after the writer
+// has mapped it and before its own first touch; once Pin succeeded, nothing can take a page
+// away. Segments on base pages and kReadOnly segments are sealed for good at creation (a hole
+// punched in base pages is refilled on the next touch; read-only ones cannot be punched).
 //
 // Thread safety: immutable after Create; data() may be used from any thread.
 #ifndef KVARN_COMMON_SHARED_MEMORY_H_
@@ -43,7 +54,8 @@ class SharedMemory {
   // refuses the memory; FAILED_PRECONDITION when the kernel cannot seal (older than 5.1).
   static absl::StatusOr<SharedMemory> Create(const std::string& name, size_t bytes, ClientAccess access);
   // The same on huge pages: RESOURCE_EXHAUSTED when the huge page pool has too few free pages
-  // (or the kernel has none configured), which the caller may answer with Create.
+  // (reserved or in use by others), which the caller may answer with Create; FAILED_PRECONDITION
+  // when the kernel has no hugetlbfs.
   static absl::StatusOr<SharedMemory> CreateOnHugePages(const std::string& name, size_t bytes, ClientAccess access);
 
   SharedMemory() = default;
@@ -60,12 +72,18 @@ class SharedMemory {
   ClientAccess access() const { return access_; }
   // The size of the pages behind the segment: the base page size, or the huge page size.
   size_t page_bytes() const { return page_bytes_; }
+  // For a kReadWrite segment on huge pages (above): seals it against hole punching and checks
+  // that every page is there: FAILED_PRECONDITION while one a holder of the descriptor punched
+  // is missing (the segment must not be touched then; once the writer's own touch has brought
+  // the page back, nothing can take it away again and Pin succeeds). Ok at once for every
+  // other segment. One caller at a time.
+  absl::Status Pin();
   // Bytes of memory actually allocated behind the segment (fstat st_blocks).
   uint64_t ResidentBytes() const;
 
  private:
-  SharedMemory(UniqueFd fd, uint8_t* data, size_t size, ClientAccess access, size_t page_bytes)
-      : fd_(std::move(fd)), data_(data), size_(size), access_(access), page_bytes_(page_bytes) {}
+  SharedMemory(UniqueFd fd, uint8_t* data, size_t size, ClientAccess access, size_t page_bytes, bool needs_pin)
+      : fd_(std::move(fd)), data_(data), size_(size), access_(access), page_bytes_(page_bytes), needs_pin_(needs_pin) {}
   static absl::StatusOr<SharedMemory> Make(const std::string& name, size_t bytes, ClientAccess access, bool huge);
   void Reset();
 
@@ -74,6 +92,7 @@ class SharedMemory {
   size_t size_ = 0;
   ClientAccess access_ = ClientAccess::kReadOnly;
   size_t page_bytes_ = 0;
+  bool needs_pin_ = false;  // until a successful Pin
 };
 
 // A client's mapping of a segment descriptor it received; unmapped (and the descriptor

@@ -9,9 +9,10 @@
 #   KVARN_TEST_STOCK_CMAKE=0  skip configuring with Debian's stock CMake modules and building
 #                             one CUDA target with them (deploy/check_stock_cmake.sh)
 #   KVARN_FUZZ_SECONDS=N      seconds per fuzz target in the ASan job (default 60)
-#   KVARN_TEST_HUGE_PAGES=N   huge pages to reserve for the tests of huge_pages (default 32, i.e.
-#                             64 MiB on x86-64), run as root only, given back at the end; 0 skips
-#                             (those tests then check only the refusals and the fallback)
+#   KVARN_TEST_HUGE_PAGES=N   huge pages to add to the machine's pool for the tests of huge_pages
+#                             (default 64, i.e. 128 MiB on x86-64), as root only, taken back at
+#                             the end; 0 adds none (without available huge pages those tests
+#                             check only the refusals and the fallback)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -29,17 +30,24 @@ if [ "${KVARN_TEST_STOCK_CMAKE:-1}" != 0 ]; then
   deploy/check_stock_cmake.sh
   echo "== stock cmake modules: passed after $(( $(date +%s) - start )) s"
 fi
-# Huge pages for the huge_pages tests (tests/integration/huge_pages_test.cc): reserved on top
-# of what the machine has, and the old count restored on exit.
+# Huge pages for the huge_pages tests (tests/integration/huge_pages_test.cc and others): added
+# to the machine's pool for the run, and taken back on exit.
 hugepages=/proc/sys/vm/nr_hugepages
-want_huge=${KVARN_TEST_HUGE_PAGES:-32}
-if [ "$want_huge" != 0 ] && [ -w "$hugepages" ] && [ "$(id -u)" = 0 ]; then
+add_huge=${KVARN_TEST_HUGE_PAGES:-64}
+if ! [[ $add_huge =~ ^[0-9]+$ ]]; then
+  echo "KVARN_TEST_HUGE_PAGES must be a number of pages, not '$add_huge'" >&2
+  exit 2
+fi
+huge_available() { awk '/^HugePages_Free/ { f = $2 } /^HugePages_Rsvd/ { r = $2 } END { print f - r }' /proc/meminfo; }
+if [ "$add_huge" != 0 ] && [ -w "$hugepages" ] && [ "$(id -u)" = 0 ]; then
   huge_before=$(cat "$hugepages")
-  trap 'echo "$huge_before" > "$hugepages"' EXIT
-  echo $((huge_before + want_huge)) > "$hugepages" || true
-  echo "== huge pages: $(awk '/^HugePages_Free/ { print $2 }' /proc/meminfo) free for the tests (vm.nr_hugepages $huge_before -> $(cat "$hugepages"))"
+  echo $((huge_before + add_huge)) > "$hugepages" || true
+  huge_added=$(( $(cat "$hugepages") - huge_before ))
+  # Take back what was added, whatever else changed the pool meanwhile.
+  trap 'echo $(( $(cat "$hugepages") - huge_added )) > "$hugepages" 2>/dev/null || true' EXIT
+  echo "== huge pages: $huge_added added (vm.nr_hugepages $huge_before -> $(cat "$hugepages")), $(huge_available) available"
 else
-  echo "== huge pages: none reserved (KVARN_TEST_HUGE_PAGES=$want_huge, root and a writable $hugepages needed); their tests check only refusals"
+  echo "== huge pages: none added (KVARN_TEST_HUGE_PAGES=$add_huge; needs root and a writable $hugepages), $(huge_available) available"
 fi
 echo "== release: tests"
 ctest --test-dir "$build" --output-on-failure -j "${KVARN_JOBS:-$(nproc)}" --timeout 600

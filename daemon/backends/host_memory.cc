@@ -4,23 +4,11 @@
 #include "common/shared_memory.h"
 
 namespace kvarn {
-namespace {
-
-const char* KindName(RegionKind k) {
-  switch (k) {
-    case RegionKind::kQuant: return "quant";
-    case RegionKind::kSink: return "sink";
-    case RegionKind::kTail: return "tail";
-  }
-  return "x";
-}
-
-}  // namespace
 
 class HostMemoryBackend::HostRegion final : public Region {
  public:
   // `huge_bytes`: the counter this region's bytes are added to while it lives, or null.
-  HostRegion(SharedMemory memory, std::shared_ptr<std::array<std::atomic<uint64_t>, 3>> huge_bytes, RegionKind kind)
+  HostRegion(SharedMemory memory, std::shared_ptr<std::array<std::atomic<uint64_t>, kRegionKinds>> huge_bytes, RegionKind kind)
       : memory_(std::move(memory)), huge_bytes_(std::move(huge_bytes)), kind_(kind) {
     if (huge_bytes_) (*huge_bytes_)[static_cast<int>(kind_)].fetch_add(memory_.size(), std::memory_order_relaxed);
   }
@@ -31,23 +19,29 @@ class HostMemoryBackend::HostRegion final : public Region {
   size_t size() const override { return memory_.size(); }
   SegmentInfo Describe() const override { return SegmentInfo{memory_.size(), "", -1, 0}; }
   int fd() const override { return memory_.fd(); }
+  absl::Status Pin() override { return memory_.Pin(); }
 
  private:
   SharedMemory memory_;
-  std::shared_ptr<std::array<std::atomic<uint64_t>, 3>> huge_bytes_;
+  std::shared_ptr<std::array<std::atomic<uint64_t>, kRegionKinds>> huge_bytes_;
   RegionKind kind_;
 };
 
 absl::StatusOr<std::unique_ptr<Region>> HostMemoryBackend::Create(RegionKind kind, size_t bytes) {
   const ClientAccess access = kind == RegionKind::kTail ? ClientAccess::kReadWrite : ClientAccess::kReadOnly;
-  const std::string name = absl::StrCat("kvarnd.", instance_, ".", KindName(kind));
+  const std::string name = absl::StrCat("kvarnd.", instance_, ".", RegionKindName(kind));
   if (huge_pages_ != HugePages::kOff) {
     auto m = SharedMemory::CreateOnHugePages(name, bytes, access);
     if (m.ok()) return std::unique_ptr<Region>(new HostRegion(std::move(*m), huge_bytes_, kind));
-    if (huge_pages_ == HugePages::kOn || !absl::IsResourceExhausted(m.status())) {
-      return absl::Status(m.status().code(), absl::StrCat(m.status().message(), " (huge_pages = on)"));
+    const bool unavailable = absl::IsResourceExhausted(m.status()) || absl::IsFailedPrecondition(m.status());
+    if (huge_pages_ == HugePages::kOn || !unavailable) {
+      return absl::Status(m.status().code(),
+                          absl::StrCat(m.status().message(), " (huge_pages = ", huge_pages_ == HugePages::kOn ? "on" : "try", ")"));
     }
+    auto base = SharedMemory::Create(name, bytes, access);
+    if (!base.ok()) return base.status();
     fallbacks_.fetch_add(1, std::memory_order_relaxed);
+    return std::unique_ptr<Region>(new HostRegion(std::move(*base), nullptr, kind));
   }
   auto m = SharedMemory::Create(name, bytes, access);
   if (!m.ok()) return m.status();

@@ -8,9 +8,10 @@
 // process. All regions are sealed against resizing, so no client can make the daemon fault.
 //
 // Huge pages (common/shared_memory.h): with HugePages::kTry a region goes on the kernel's huge
-// page pool when it has room and on base pages otherwise; with kOn a region that does not fit
-// there is not created (RESOURCE_EXHAUSTED: the daemon does not start, a session is refused).
-// Regions on huge pages are a whole number of them.
+// page pool when it has room (and the kernel has one) and on base pages otherwise; with kOn a
+// region that does not fit there is not created (RESOURCE_EXHAUSTED: the daemon does not
+// start, a session is refused). Regions on huge pages are a whole number of them, all
+// allocated at creation; a tail is pinned (Region::Pin) before the daemon first touches it.
 //
 // Thread safety: Create may be called concurrently; the counters are atomic.
 #ifndef KVARN_DAEMON_BACKENDS_HOST_MEMORY_H_
@@ -47,7 +48,7 @@ class HostMemoryBackend final : public MemoryBackend {
   std::string instance_;
   HugePages huge_pages_;
   // By RegionKind; shared with the regions, which may outlive the backend's callers.
-  std::shared_ptr<std::array<std::atomic<uint64_t>, 3>> huge_bytes_ = std::make_shared<std::array<std::atomic<uint64_t>, 3>>();
+  std::shared_ptr<std::array<std::atomic<uint64_t>, kRegionKinds>> huge_bytes_ = std::make_shared<std::array<std::atomic<uint64_t>, kRegionKinds>>();
   std::atomic<uint64_t> fallbacks_{0};
 };
 

@@ -209,7 +209,7 @@ struct CoreStats {
   uint32_t tail_slots_budget = 0, tail_slots_reserved = 0;
   uint64_t retained_bytes = 0;  // memory the backend keeps for a client process still alive
   // Bytes of the quant, sink and tail regions on huge pages (MemoryBackend::HugePageBytes).
-  std::array<uint64_t, 3> huge_page_bytes{};
+  std::array<uint64_t, kRegionKinds> huge_page_bytes{};  // by RegionKind
   uint64_t huge_page_fallbacks = 0;  // regions put on base pages for want of huge pages
   uint32_t sessions = 0, sequences = 0;
   uint32_t client_sessions = 0;  // sessions that are not observers (those hold a drain open)

@@ -164,6 +164,13 @@ std::vector<TenantReport> KvCore::TenantReports() const {
   return out;
 }
 
+absl::Status KvCore::PinTail(const SessionState& s) const {
+  if (!s.tail_region) return absl::OkStatus();
+  absl::Status pinned = s.tail_region->Pin();
+  if (pinned.ok()) return pinned;
+  return absl::Status(pinned.code(), absl::StrCat("this session's tail memory cannot be used: ", pinned.message()));
+}
+
 uint8_t* KvCore::SlotPtr(const SessionState& s, uint32_t slot) const {
   return s.tail_region->data() + static_cast<size_t>(slot) * layout_.fp16_block_bytes();
 }

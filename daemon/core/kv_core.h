@@ -195,6 +195,9 @@ class KvCore {
 
   absl::StatusOr<Sequence*> FindSequence(SessionState* s, SequenceId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   BlockTableView TableOf(const Sequence& q, bool with_blocks = true) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Before the daemon touches a session's tail (Region::Pin): FAILED_PRECONDITION when its
+  // client took pages of it away; nothing may then touch it.
+  absl::Status PinTail(const SessionState& s) const;
   uint8_t* SlotPtr(const SessionState& s, uint32_t slot) const;
   uint8_t* BlockPtr(BlockRef b) const;
   // Chain hashes of the full tiles of a prompt that may be adopted (at most len - 1 tokens,

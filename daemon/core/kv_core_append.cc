@@ -55,6 +55,7 @@ absl::Status KvCore::PlanAppend(SessionState& s, SequenceId seq, std::span<const
     return absl::InvalidArgumentError(absl::StrCat("append of ", ids.size(), " tokens goes past the tail: ", room, " of ", g,
                                                    " tail positions are free"));
   }
+  if (absl::Status pinned = PinTail(s); !pinned.ok()) return pinned;
   plan->session = s.id;
   plan->seq = seq;
   plan->slot = SlotPtr(s, sq.tail_slot);
@@ -250,6 +251,7 @@ absl::StatusOr<CreateResult> KvCore::Fork(const SessionRef& ref, SequenceId seq)
     if (session.free_slots.empty()) {
       return absl::ResourceExhaustedError(absl::StrCat("all ", session.slots, " tail slots of this session are in use; release a sequence"));
     }
+    if (absl::Status pinned = PinTail(session); !pinned.ok()) return pinned;
     sessions_.Renew(session, clock_->Now());
     Sequence child = parent;
     child.id = next_sequence_++;
@@ -307,6 +309,9 @@ absl::Status KvCore::Read(const SessionRef& ref, SequenceId seq, uint32_t layer,
     }
     if (q.busy) return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " has a call in flight"));
     const uint64_t sealed = q.sealed_tiles();
+    if (sealed * g < start + count) {  // it reads the tail
+      if (absl::Status pinned = PinTail(**s); !pinned.ok()) return pinned;
+    }
     for (uint64_t tile = start / g; tile * g < start + count; ++tile) {
       if (tile < sealed && q.has_sink && tile == 0) {
         tiles.push_back({BlockPtr({BlockClass::kSink, q.sink}), true});

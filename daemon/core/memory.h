@@ -24,6 +24,16 @@ struct SegmentInfo {
 //   kQuant, kSink: nobody (clients map them read-only; the host backend seals them).
 //   kTail: the one session it belongs to.
 enum class RegionKind { kQuant, kSink, kTail };
+inline constexpr int kRegionKinds = 3;
+// "quant", "sink", "tail": in segment names and metric labels.
+inline const char* RegionKindName(RegionKind k) {
+  switch (k) {
+    case RegionKind::kQuant: return "quant";
+    case RegionKind::kSink: return "sink";
+    case RegionKind::kTail: return "tail";
+  }
+  return "unknown";
+}
 
 // One contiguous allocation; destruction releases the daemon's hold on the memory (a client
 // mapping keeps its own pages until it unmaps them).
@@ -42,6 +52,10 @@ class Region {
   // still write after the region is destroyed (CUDA IPC) keeps it allocated until the process
   // is gone. Called under the core's lock: must not block or read /proc.
   virtual void LendTo(int /*pid*/, uint64_t /*identity*/) {}
+  // Called before each touch of the region's memory by the daemon (cheap once it succeeded):
+  // an error means the memory is not all there (a kTail region whose client took pages away,
+  // common/shared_memory.h) and must not be touched. Called under the core's lock.
+  virtual absl::Status Pin() { return absl::OkStatus(); }
 };
 
 class MemoryBackend {

@@ -374,6 +374,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const DaemonConfig& config
                                                                               "address can open sessions; configure TLS"}});
   }
   const CoreStats st = s->core_->Stats(std::nullopt).value();
+  if (config.huge_pages != "off" && std::string_view(s->backend_->name()) != "host") {
+    Log(LogLevel::kWarning, "huge_pages_ignored", {{"backend", s->backend_->name()},
+                                                    {"reason", "huge_pages applies to the host backend; this pool is device memory"}});
+  }
   if (st.huge_page_fallbacks > 0) {
     Log(LogLevel::kWarning, "huge_pages_unavailable",
         {{"regions", st.huge_page_fallbacks}, {"reason", "too few free huge pages (HugePages_Free in /proc/meminfo): the pool is on base pages"}});

@@ -141,9 +141,10 @@ absl::Status ServiceMetrics::Bind(const KvCore* core) {
   }
   auto huge = gauge("kvarn_pool_huge_page_bytes", "Bytes of the pool's host segments on huge pages (huge_pages = try or on), by class; tail counts the open sessions' tails.", {"class"});
   if (!huge.ok()) return huge.status();
-  for (int k = 0; k < 3; ++k) {
-    const char* cls = k == 0 ? "quant" : k == 1 ? "sink" : "tail";
-    (*huge)->SetCallback({cls}, [this, k] { return static_cast<double>(Snapshot().huge_page_bytes[k]); }).IgnoreError();
+  for (int k = 0; k < kRegionKinds; ++k) {
+    (*huge)->SetCallback({RegionKindName(static_cast<RegionKind>(k))}, [this, k] {
+      return static_cast<double>(Snapshot().huge_page_bytes[k]);
+    }).IgnoreError();
   }
   auto fallbacks = counter("kvarn_pool_huge_page_fallbacks_total", "Segments kvarnd asked the huge page pool for (huge_pages = try) and put on base pages, for want of free huge pages.", {});
   if (!fallbacks.ok()) return fallbacks.status();

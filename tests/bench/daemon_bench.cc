@@ -14,8 +14,8 @@
 //     last-level cache (target >= half); dequantization; attention with varied queries over a
 //     sequence the reads evicted from the cache.
 // It starts its own kvarnd (path from --kvarnd, default the one built beside it), with
-// huge_pages as --huge_pages says (default try: on huge pages where the machine has free ones,
-// docs/operations.md); the header says which pages the session's tail got.
+// huge_pages as --huge_pages says (default off, as kvarnd's; try: on huge pages where the
+// machine has them, docs/operations.md); the header says which pages the session's tail got.
 //
 // usage: kvarn_daemon_bench [--kvarnd=PATH | --target=unix:/path] [--huge_pages=off|try|on] [--quick]
 // With --target it measures a kvarnd already running with the same model (8 x 4 x 128,
@@ -118,7 +118,7 @@ std::string Fmt(const char* f, double x) {
 int Main(int argc, char** argv) {
   std::string kvarnd = KVARN_KVARND_PATH;
   std::string target;
-  std::string huge_pages = "try";
+  std::string huge_pages = "off";
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -155,7 +155,7 @@ int Main(int argc, char** argv) {
   }
   auto client = Client::Connect(target, {}, absl::Seconds(10));
   if (!client.ok()) {
-    std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
+    std::fprintf(stderr, "%s %s\n", client.status().ToString().c_str(), DaemonExited(daemon).c_str());
     if (daemon > 0) kill(daemon, SIGKILL);
     return 1;
   }

@@ -85,7 +85,7 @@ int Main(int argc, char** argv) {
   co.rpc_timeout = absl::Seconds(60);
   auto client = Client::Connect("unix:" + sock, co, absl::Seconds(10));
   if (!client.ok()) {
-    std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
+    std::fprintf(stderr, "%s %s\n", client.status().ToString().c_str(), DaemonExited(daemon).c_str());
     kill(daemon, SIGKILL);
     return 1;
   }

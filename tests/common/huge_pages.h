@@ -1,6 +1,6 @@
 // What the kernel's huge page pool offers now (/proc/meminfo), for tests that put segments on
-// it. CI reserves some (vm.nr_hugepages in .ci/run); a machine without any runs only the
-// tests that check the refusals.
+// it. deploy/test.sh reserves some for the test run (as root); without any, only the tests of
+// the refusals and the fallback run.
 #ifndef KVARN_TESTS_COMMON_HUGE_PAGES_H_
 #define KVARN_TESTS_COMMON_HUGE_PAGES_H_
 
@@ -11,8 +11,21 @@
 namespace kvarn::testing {
 
 struct HugePagePool {
-  uint64_t page_bytes = 0;  // Hugepagesize; 0 when the kernel has no huge pages
-  uint64_t free_pages = 0;  // HugePages_Free
+  uint64_t page_bytes = 0;   // Hugepagesize; 0 when the kernel has no huge pages
+  uint64_t total = 0;        // HugePages_Total
+  uint64_t free_pages = 0;   // HugePages_Free: not in use, but some may be reserved
+  uint64_t reserved = 0;     // HugePages_Rsvd: reserved by mappings, not yet in use
+  uint64_t overcommit = 0;   // vm.nr_overcommit_hugepages: surplus pages the kernel may add
+
+  // Pages a new segment can still reserve (surplus pages aside).
+  uint64_t available() const { return free_pages > reserved ? free_pages - reserved : 0; }
+  // Huge pages that segments of these sizes take (each is rounded up to whole pages).
+  template <typename... Bytes>
+  uint64_t PagesFor(Bytes... bytes) const {
+    return ((page_bytes ? (static_cast<uint64_t>(bytes) + page_bytes - 1) / page_bytes : 0) + ... + 0);
+  }
+  // More pages than the pool could ever give one segment.
+  uint64_t Impossible() const { return total + overcommit + 1; }
 };
 
 inline HugePagePool ReadHugePagePool() {
@@ -21,10 +34,13 @@ inline HugePagePool ReadHugePagePool() {
   std::string key;
   uint64_t value = 0;
   while (in >> key >> value) {
+    if (key == "HugePages_Total:") pool.total = value;
     if (key == "HugePages_Free:") pool.free_pages = value;
+    if (key == "HugePages_Rsvd:") pool.reserved = value;
     if (key == "Hugepagesize:") pool.page_bytes = value << 10;  // in kB
     in.ignore(256, '\n');
   }
+  std::ifstream("/proc/sys/vm/nr_overcommit_hugepages") >> pool.overcommit;
   return pool;
 }
 

@@ -1,6 +1,7 @@
 // common/shared_memory.h: what the seals of kReadOnly and kReadWrite segments allow a holder
 // of the descriptor, and what FdMapping refuses to map; segments on the kernel's huge pages.
 #include <fcntl.h>
+#include <linux/falloc.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -204,20 +205,22 @@ bool Mapped(const void* p) {
   return msync(reinterpret_cast<void*>(page), 1, MS_ASYNC) == 0;
 }
 
-TEST(HugePagesTest, MoreThanTheFreeHugePagesIsResourceExhaustedNamingThePool) {
+TEST(HugePagesTest, MoreThanThePoolCouldGiveIsRefusedNamingIt) {
   const auto pool = ReadHugePagePool();
   const size_t page = pool.page_bytes ? pool.page_bytes : 2u << 20;
-  auto m = SharedMemory::CreateOnHugePages("huge-too-many", (pool.free_pages + 1) * page, ClientAccess::kReadWrite);
-  ASSERT_FALSE(m.ok()) << "reserved " << pool.free_pages + 1 << " huge pages with " << pool.free_pages << " free";
-  EXPECT_EQ(m.status().code(), absl::StatusCode::kResourceExhausted) << m.status();
+  auto m = SharedMemory::CreateOnHugePages("huge-too-many", pool.Impossible() * page, ClientAccess::kReadWrite);
+  ASSERT_FALSE(m.ok()) << "reserved " << pool.Impossible() << " huge pages of a pool of " << pool.total;
   if (pool.page_bytes) {
-    EXPECT_THAT(std::string(m.status().message()), ::testing::HasSubstr("HugePages_Free")) << m.status();
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kResourceExhausted) << m.status();
+    EXPECT_THAT(std::string(m.status().message()), ::testing::HasSubstr("HugePages_Rsvd")) << m.status();
+  } else {
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition) << m.status();  // no hugetlbfs
   }
 }
 
-TEST(HugePagesTest, ASegmentIsWholeHugePagesSealedAsOnBasePagesAndMappedWhole) {
+TEST(HugePagesTest, ASegmentIsWholeHugePagesAllAllocatedSealedAsOnBasePagesAndMappedWhole) {
   const auto pool = ReadHugePagePool();
-  if (pool.page_bytes == 0 || pool.free_pages < 2) GTEST_SKIP() << "no 2 free huge pages here (vm.nr_hugepages)";
+  if (pool.page_bytes == 0 || pool.available() < 2) GTEST_SKIP() << "no 2 available huge pages here (vm.nr_hugepages)";
   const size_t page = pool.page_bytes;
   auto m = SharedMemory::CreateOnHugePages("huge-ro", page + 1, ClientAccess::kReadOnly);
   ASSERT_TRUE(m.ok()) << m.status();
@@ -227,10 +230,12 @@ TEST(HugePagesTest, ASegmentIsWholeHugePagesSealedAsOnBasePagesAndMappedWhole) {
   EXPECT_EQ(seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL),
             F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL);
   EXPECT_EQ(FdMapping::Map(Dup(m->fd()), page + 1, /*writable=*/true).status().code(), absl::StatusCode::kPermissionDenied);
-  // Nothing is allocated until touched; a touch allocates a whole huge page.
-  EXPECT_EQ(m->ResidentBytes(), 0u);
+  // Allocated at creation (a cgroup limit fails there, not on a touch), and nobody can take a
+  // page away: a read-only segment cannot be punched.
+  EXPECT_EQ(m->ResidentBytes(), 2 * page);
+  EXPECT_EQ(fallocate(m->fd(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(page)), -1);
+  EXPECT_TRUE(m->Pin().ok()) << "nothing to pin";
   m->data()[page + 100] = 42;
-  EXPECT_EQ(m->ResidentBytes(), page);
   const uint8_t* seen = nullptr;
   {
     // A client announces the bytes it needs; the mapping covers whole huge pages.
@@ -239,7 +244,7 @@ TEST(HugePagesTest, ASegmentIsWholeHugePagesSealedAsOnBasePagesAndMappedWhole) {
     EXPECT_EQ(r->size(), page + 1);
     EXPECT_EQ(r->page_bytes(), page);
     EXPECT_EQ(r->data()[page + 100], 42);
-    EXPECT_EQ(r->AllocatedBytes(), page);
+    EXPECT_EQ(r->AllocatedBytes(), 2 * page);
     seen = r->data();
     ASSERT_TRUE(Mapped(seen + page + 100));
   }
@@ -249,13 +254,53 @@ TEST(HugePagesTest, ASegmentIsWholeHugePagesSealedAsOnBasePagesAndMappedWhole) {
   EXPECT_FALSE(Mapped(seen + page));
 }
 
+// A writable segment on huge pages can be punched by whoever holds its descriptor until Pin
+// seals it; Pin then says whether a page went.
+TEST(HugePagesTest, AWritableSegmentIsPinnedBeforeUseAndPinTellsAPunchedOne) {
+  const auto pool = ReadHugePagePool();
+  if (pool.page_bytes == 0 || pool.available() < 4) GTEST_SKIP() << "no 4 available huge pages here (vm.nr_hugepages)";
+  const size_t page = pool.page_bytes;
+  for (const bool punch : {false, true}) {
+    auto m = SharedMemory::CreateOnHugePages("huge-pin", 2 * page, ClientAccess::kReadWrite);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->ResidentBytes(), 2 * page);
+    auto w = FdMapping::Map(Dup(m->fd()), 2 * page, /*writable=*/true);  // the client maps first
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ(fcntl(m->fd(), F_GET_SEALS) & (F_SEAL_FUTURE_WRITE | F_SEAL_SEAL), 0) << "sealed for good before Pin";
+    if (punch) {
+      // Through the client's mapping, as a client would.
+      ASSERT_EQ(madvise(w->data() + page, page, MADV_REMOVE), 0) << strerror(errno);
+    }
+    const absl::Status pinned = m->Pin();
+    if (punch) {
+      EXPECT_EQ(pinned.code(), absl::StatusCode::kFailedPrecondition) << pinned;
+      EXPECT_THAT(std::string(pinned.message()), ::testing::HasSubstr("removed")) << pinned;
+      EXPECT_EQ(m->Pin().code(), absl::StatusCode::kFailedPrecondition) << "still a page short";
+      // Sealed by the failed Pin: no new hole; the writer's touch brings the page back.
+      EXPECT_EQ(madvise(w->data(), page, MADV_REMOVE), -1);
+      w->data()[page] = 1;
+      EXPECT_TRUE(m->Pin().ok());
+      continue;
+    }
+    ASSERT_TRUE(pinned.ok()) << pinned;
+    EXPECT_TRUE(m->Pin().ok());
+    // Pinned: no hole can be punched any more, by the descriptor or through the mapping, and
+    // the mapping made before stays writable; a new writable one is refused.
+    EXPECT_EQ(fallocate(m->fd(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(page)), -1);
+    EXPECT_EQ(madvise(w->data(), page, MADV_REMOVE), -1);
+    w->data()[5] = 6;
+    EXPECT_EQ(m->data()[5], 6);
+    EXPECT_EQ(FdMapping::Map(Dup(m->fd()), page, /*writable=*/true).status().code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_EQ(m->ResidentBytes(), 2 * page);
+  }
+}
+
 TEST(HugePagesTest, AReadWriteSegmentSharesItsHugePagesWithAWritableMapping) {
   const auto pool = ReadHugePagePool();
-  if (pool.page_bytes == 0 || pool.free_pages < 1) GTEST_SKIP() << "no free huge page here (vm.nr_hugepages)";
+  if (pool.page_bytes == 0 || pool.available() < 1) GTEST_SKIP() << "no available huge page here (vm.nr_hugepages)";
   auto m = SharedMemory::CreateOnHugePages("huge-rw", kBytes, ClientAccess::kReadWrite);
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->size(), pool.page_bytes);
-  EXPECT_EQ(fcntl(m->fd(), F_GET_SEALS) & F_SEAL_FUTURE_WRITE, 0);
   auto w = FdMapping::Map(Dup(m->fd()), kBytes, /*writable=*/true);
   ASSERT_TRUE(w.ok()) << w.status();
   w->data()[kBytes - 1] = 7;
@@ -267,6 +312,7 @@ TEST(HugePagesTest, AReadWriteSegmentSharesItsHugePagesWithAWritableMapping) {
   {
     FdMapping moved = std::move(*w);
     EXPECT_EQ(moved.page_bytes(), pool.page_bytes);
+    EXPECT_EQ(w->page_bytes(), 0u) << "a moved-from mapping maps nothing";
     EXPECT_TRUE(Mapped(p));
   }
   EXPECT_FALSE(Mapped(p));
