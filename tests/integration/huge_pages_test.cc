@@ -28,8 +28,23 @@ namespace {
 
 using kvarn::testing::ReadHugePagePool;
 
+// Whether the pool has room for a kvarnd of the harness's 16 MiB pool (its quantized and sink
+// segments) and `sessions` tails of a few slots, with a margin for the segment rounding.
+bool Enough(const kvarn::testing::HugePagePool& pool, int sessions) {
+  return pool.page_bytes != 0 && pool.available() >= pool.PagesFor(16u << 20) + 2 + 2 * static_cast<uint64_t>(sessions);
+}
+
 class HugePagesTest : public IntegrationTest {
  protected:
+  // A kvarnd with huge_pages = on, when the pool has room for it and `sessions` tails (else
+  // the test is skipped, or fails if kvarnd does not start): nullptr then.
+  Daemon* StartOnHugePages(const kvarn::testing::HugePagePool& pool, int sessions) {
+    if (!Enough(pool, sessions)) {
+      [&] { GTEST_SKIP() << "too few huge pages available (vm.nr_hugepages): " << pool.available(); }();
+      return nullptr;
+    }
+    return StartDaemon({"--huge_pages=on"});
+  }
   // The value of one series now.
   std::optional<double> Metric(const Daemon& d, const std::string& name, const std::string& labels) {
     auto text = HttpGet(d.metrics_port(), "/metrics");
@@ -74,12 +89,6 @@ int FdOfMappingAt(const void* p) {
   return -1;
 }
 
-// Whether the pool has room for a kvarnd of the harness's 16 MiB pool (its quantized and sink
-// segments) and `sessions` tails of a few slots, with a margin for the segment rounding.
-bool Enough(const kvarn::testing::HugePagePool& pool, int sessions) {
-  return pool.page_bytes != 0 && pool.available() >= pool.PagesFor(16u << 20) + 2 + 2 * static_cast<uint64_t>(sessions);
-}
-
 // One token of every sequence in `seqs`, staged and committed through `commit`.
 template <typename Commit>
 void StepAll(Session& s, const std::vector<uint64_t>& seqs, uint32_t token, Commit&& commit) {
@@ -95,9 +104,8 @@ void StepAll(Session& s, const std::vector<uint64_t>& seqs, uint32_t token, Comm
 
 TEST_F(HugePagesTest, ATailOnHugePagesIsMappedWholeAndCommitsLandInIt) {
   const auto pool = ReadHugePagePool();
-  if (!Enough(pool, 1)) GTEST_SKIP() << "too few huge pages available (vm.nr_hugepages): " << pool.available();
-  Daemon* d = StartDaemon({"--huge_pages=on"});
-  ASSERT_NE(d, nullptr);
+  Daemon* d = StartOnHugePages(pool, 1);
+  if (d == nullptr) return;
   EXPECT_THAT(d->Log(), ::testing::HasSubstr("huge_pages=on"));
   auto client = Connect(*d);
   ASSERT_NE(client, nullptr);
@@ -172,9 +180,8 @@ TEST_F(HugePagesTest, ATailOnHugePagesIsMappedWholeAndCommitsLandInIt) {
 
 TEST_F(HugePagesTest, AClientThatPunchesItsTailGetsItsCommitsRefusedUntilItIsWholeAndHurtsNobody) {
   const auto pool = ReadHugePagePool();
-  if (!Enough(pool, 2)) GTEST_SKIP() << "too few huge pages available (vm.nr_hugepages): " << pool.available();
-  Daemon* d = StartDaemon({"--huge_pages=on"});
-  ASSERT_NE(d, nullptr);
+  Daemon* d = StartOnHugePages(pool, 2);
+  if (d == nullptr) return;
   auto client = Connect(*d);
   ASSERT_NE(client, nullptr);
   IT_ASSIGN_OR_FAIL(victim, Open(*client, "victim", 2));
