@@ -78,10 +78,14 @@ absl::StatusOr<SharedMemory> SharedMemory::Make(const std::string& name, size_t 
 
 absl::Status SharedMemory::Pin() {
   if (!needs_pin_) return absl::OkStatus();
+  // F_SEAL_FUTURE_WRITE is what refuses hole punching; a seal is never lifted. A holder of the
+  // descriptor may have added F_SEAL_SEAL first, to keep it off: then the segment cannot be
+  // protected, and is never touched.
   const int seals = fcntl(fd_.get(), F_GET_SEALS);
   if (seals < 0) return absl::ErrnoToStatus(errno, "F_GET_SEALS of a shared memory segment");
-  if ((seals & F_SEAL_SEAL) == 0 && fcntl(fd_.get(), F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0) {
-    return absl::ErrnoToStatus(errno, "sealing a shared memory segment against hole punching");
+  if ((seals & F_SEAL_FUTURE_WRITE) == 0 && fcntl(fd_.get(), F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("this segment cannot be sealed against hole punching (",
+                                                      strerror(errno), ": a holder of its descriptor sealed it first)"));
   }
   // Sealed: no page can go any more. Were they all still there?
   struct stat st;

@@ -295,6 +295,23 @@ TEST(HugePagesTest, AWritableSegmentIsPinnedBeforeUseAndPinTellsAPunchedOne) {
   }
 }
 
+// A writer who seals the segment against further seals before Pin (so that Pin could not
+// keep it from punching) gets a segment that Pin refuses for good.
+TEST(HugePagesTest, AWritableSegmentSealedByItsWriterBeforePinIsNeverPinned) {
+  const auto pool = ReadHugePagePool();
+  if (pool.page_bytes == 0 || pool.available() < 1) GTEST_SKIP() << "no available huge page here (vm.nr_hugepages)";
+  auto m = SharedMemory::CreateOnHugePages("huge-sealed-first", pool.page_bytes, ClientAccess::kReadWrite);
+  ASSERT_TRUE(m.ok()) << m.status();
+  UniqueFd writer = Dup(m->fd());
+  ASSERT_EQ(fcntl(writer.get(), F_ADD_SEALS, F_SEAL_SEAL), 0) << strerror(errno);
+  const absl::Status pinned = m->Pin();
+  EXPECT_EQ(pinned.code(), absl::StatusCode::kFailedPrecondition) << pinned;
+  EXPECT_THAT(std::string(pinned.message()), ::testing::HasSubstr("hole punching")) << pinned;
+  EXPECT_EQ(m->Pin().code(), absl::StatusCode::kFailedPrecondition) << "pinned after all";
+  // And it can still be punched, which is why it must never be touched.
+  EXPECT_EQ(fallocate(writer.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(pool.page_bytes)), 0);
+}
+
 TEST(HugePagesTest, AReadWriteSegmentSharesItsHugePagesWithAWritableMapping) {
   const auto pool = ReadHugePagePool();
   if (pool.page_bytes == 0 || pool.available() < 1) GTEST_SKIP() << "no available huge page here (vm.nr_hugepages)";
