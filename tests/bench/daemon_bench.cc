@@ -153,7 +153,9 @@ int Main(int argc, char** argv) {
     }
     target = "unix:" + sock;
   }
-  auto client = Client::Connect(target, {}, absl::Seconds(10));
+  // Generous: with --huge_pages, kvarnd allocates its pool before it listens, and the first
+  // start after vm.nr_hugepages was raised took 9.4 s on a VM (docs/operations.md).
+  auto client = Client::Connect(target, {}, absl::Seconds(60));
   if (!client.ok()) {
     std::fprintf(stderr, "%s %s\n", client.status().ToString().c_str(), DaemonExited(daemon).c_str());
     if (daemon > 0) kill(daemon, SIGKILL);
