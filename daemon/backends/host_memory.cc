@@ -38,13 +38,10 @@ absl::StatusOr<std::unique_ptr<Region>> HostMemoryBackend::Create(RegionKind kin
       return absl::Status(m.status().code(),
                           absl::StrCat(m.status().message(), " (huge_pages = ", huge_pages_ == HugePages::kOn ? "on" : "try", ")"));
     }
-    auto base = SharedMemory::Create(name, bytes, access);
-    if (!base.ok()) return base.status();
-    fallbacks_.fetch_add(1, std::memory_order_relaxed);
-    return std::unique_ptr<Region>(new HostRegion(std::move(*base), nullptr, kind));
   }
   auto m = SharedMemory::Create(name, bytes, access);
   if (!m.ok()) return m.status();
+  if (huge_pages_ != HugePages::kOff) fallbacks_.fetch_add(1, std::memory_order_relaxed);  // try, and no room
   return std::unique_ptr<Region>(new HostRegion(std::move(*m), nullptr, kind));
 }
 

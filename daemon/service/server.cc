@@ -380,7 +380,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const DaemonConfig& config
   }
   if (st.huge_page_fallbacks > 0) {
     Log(LogLevel::kWarning, "huge_pages_unavailable",
-        {{"regions", st.huge_page_fallbacks}, {"reason", "too few free huge pages (HugePages_Free in /proc/meminfo): the pool is on base pages"}});
+        {{"regions", st.huge_page_fallbacks},
+         {"reason", "too few huge pages available (HugePages_Free less HugePages_Rsvd in /proc/meminfo), or no hugetlbfs: "
+                    "those segments are on base pages"}});
   }
   const std::string trust = config.tenants_file.empty()
       ? std::string("one trust domain: tenant names are unauthenticated labels (configure tenants_file to authenticate tenants)")
@@ -394,7 +396,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const DaemonConfig& config
        {"kv_heads", config.core.model.num_kv_heads}, {"head_dim", config.core.model.head_dim},
        {"capacity_bytes", st.capacity_bytes}, {"quant_blocks", st.quant_total}, {"sink_blocks", st.sink_total},
        {"tail_slots", st.tail_slots_budget}, {"huge_pages", config.huge_pages},
-       {"huge_page_bytes", st.huge_page_bytes[0] + st.huge_page_bytes[1]}, {"max_message_bytes", message_limit},
+       {"huge_page_bytes", st.huge_page_bytes[static_cast<int>(RegionKind::kQuant)] + st.huge_page_bytes[static_cast<int>(RegionKind::kSink)]},
+       {"max_message_bytes", message_limit},
        {"read_tokens_per_call", config.core.max_read_tokens}, {"trust", trust}});
   return s;
 }

@@ -19,11 +19,8 @@ struct HugePagePool {
 
   // Pages a new segment can still reserve (surplus pages aside).
   uint64_t available() const { return free_pages > reserved ? free_pages - reserved : 0; }
-  // Huge pages that segments of these sizes take (each is rounded up to whole pages).
-  template <typename... Bytes>
-  uint64_t PagesFor(Bytes... bytes) const {
-    return ((page_bytes ? (static_cast<uint64_t>(bytes) + page_bytes - 1) / page_bytes : 0) + ... + 0);
-  }
+  // Huge pages a segment of `bytes` takes (rounded up to whole pages).
+  uint64_t PagesFor(uint64_t bytes) const { return page_bytes ? (bytes + page_bytes - 1) / page_bytes : 0; }
   // More pages than the pool could ever give one segment.
   uint64_t Impossible() const { return total + overcommit + 1; }
 };
