@@ -120,6 +120,55 @@ class Prefetcher {
   const uint8_t* end_;
 };
 
+// Fetches the fp16 parts (sink keys, sink values, tail keys, tail values) and then the first
+// quantized records, in the order the kernels read them, a fixed distance ahead of the
+// reading. The fp16 parts are small arrays that each start cold, which the hardware
+// prefetcher picks up page by page; at 4K tokens they are a fifth of a step's bytes
+// (docs/benchmarks.md, "The fp16 parts": the cold 4K step about 5% shorter with this and
+// SumsOf4). Into L2 (T1) like Prefetcher.
+class SpanPrefetcher {
+ public:
+  static constexpr int kMaxSpans = 6;
+  void Add(const void* p, size_t bytes) {
+    if (p == nullptr || bytes == 0 || n_ == kMaxSpans) return;
+    const auto* b = static_cast<const uint8_t*>(p);
+    spans_[n_++] = {b, b + bytes};
+    if (n_ == 1) {
+      next_ = spans_[0].begin;
+      end_ = spans_[0].end;
+    }
+  }
+  // One cache line per call, the next span's first once one is done.
+  HWY_INLINE void Step() {
+    if (next_ >= end_) {
+      if (cur_ + 1 >= n_) return;
+      ++cur_;
+      next_ = spans_[cur_].begin;
+      end_ = spans_[cur_].end;
+    }
+    __builtin_prefetch(next_, /*rw=*/0, /*locality=*/2);  // prefetcht1
+    next_ += 64;
+  }
+  // The lines for `bytes` read, at least one.
+  HWY_INLINE void Consumed(size_t bytes) {
+    for (size_t i = 0; i < std::max<size_t>(1, bytes / 64); ++i) Step();
+  }
+  // Fetches what is left of every span at once.
+  void Drain() {
+    while (next_ < end_ || cur_ + 1 < n_) Step();
+  }
+
+ private:
+  struct Span {
+    const uint8_t* begin;
+    const uint8_t* end;
+  };
+  Span spans_[kMaxSpans] = {};
+  int n_ = 0, cur_ = 0;
+  const uint8_t* next_ = nullptr;
+  const uint8_t* end_ = nullptr;
+};
+
 // scores[h][pos] = sum_c w[h][c] * qK[c][t(pos)] for H heads.
 template <int kBits, int H>
 void KeyDots(const uint8_t* HWY_RESTRICT codes, size_t g, size_t d, const float* HWY_RESTRICT w,
@@ -576,21 +625,71 @@ void AttendTileFast(const Preset& p, size_t d, int heads, const uint8_t* record,
 }
 #endif  // KVARN_ATTEND_AVX2INT
 
-// scores[h][t] = scale * q[h] . k[t] for H heads; each key vector is widened once.
+// How far SpanPrefetcher runs ahead of the fp16 kernels, in cache lines.
+constexpr size_t kFp16LeadLines = 32;
+
+// sums[j] = the sum of the lanes of v[j], for j < 4: the four reductions share their shuffles
+// (two rounds of interleaves leave every 128-bit block holding a part of each sum).
+HWY_INLINE void SumsOf4(const VF* HWY_RESTRICT v, float* HWY_RESTRICT sums) {
+#if HWY_TARGET == HWY_SCALAR
+  for (int j = 0; j < 4; ++j) sums[j] = ReduceSum(v[j]);
+#else
+  const DF df;
+  const hn::Repartition<uint64_t, DF> d64;
+  const hn::Full128<float> d4;
+  // Per block: [v0 + v0', v1 + v1', ...] pairs, then [s0, s1, s2, s3] partial sums.
+  const VF ab = hn::Add(hn::InterleaveLower(df, v[0], v[1]), hn::InterleaveUpper(df, v[0], v[1]));
+  const VF cd = hn::Add(hn::InterleaveLower(df, v[2], v[3]), hn::InterleaveUpper(df, v[2], v[3]));
+  const auto ab64 = hn::BitCast(d64, ab), cd64 = hn::BitCast(d64, cd);
+  const VF blocks = hn::Add(hn::BitCast(df, hn::InterleaveLower(d64, ab64, cd64)),
+                            hn::BitCast(df, hn::InterleaveUpper(d64, ab64, cd64)));
+  HWY_ALIGN float buf[hn::MaxLanes(df)];
+  hn::Store(blocks, df, buf);
+  auto acc = hn::Load(d4, buf);
+  for (size_t i = 4; i < hn::Lanes(df); i += 4) acc = hn::Add(acc, hn::Load(d4, buf + i));
+  hn::StoreU(acc, d4, sums);
+#endif
+}
+
+// scores[h][t] = scale * q[h] . k[t] for H heads, two tokens at a time (each query vector
+// loaded once for both); each key vector is widened once.
 template <int H>
 void Fp16Scores(size_t d, const float* HWY_RESTRICT q, const uint16_t* HWY_RESTRICT keys,
-                size_t tokens, float scale, float* HWY_RESTRICT scores) {
+                size_t tokens, float scale, float* HWY_RESTRICT scores, SpanPrefetcher& pf) {
+  static_assert(H <= 4, "SumsOf4 reduces four heads");
   const DF df;
   const size_t N = hn::Lanes(df);
-  for (size_t t = 0; t < tokens; ++t) {
+  constexpr int kTokens = 2;
+  float sums[4];
+  for (size_t t = 0; t < tokens; t += kTokens) {
+    const int nt = t + 1 < tokens ? kTokens : 1;
     const uint16_t* k = keys + t * d;
-    VF acc[H];
-    for (int h = 0; h < H; ++h) acc[h] = hn::Zero(df);
-    for (size_t c = 0; c < d; c += N) {
-      const VF kv = LoadHalf(k + c);
-      for (int h = 0; h < H; ++h) acc[h] = hn::MulAdd(hn::LoadU(df, q + h * d + c), kv, acc[h]);
+    pf.Consumed(nt * d * sizeof(uint16_t));
+    VF acc[kTokens][4];
+    for (int i = 0; i < kTokens; ++i) {
+      for (int h = 0; h < 4; ++h) acc[i][h] = hn::Zero(df);
     }
-    for (int h = 0; h < H; ++h) scores[h * tokens + t] = ReduceSum(acc[h]) * scale;
+    if (nt == kTokens) {
+      for (size_t c = 0; c < d; c += N) {
+        const VF k0 = LoadHalf(k + c), k1 = LoadHalf(k + d + c);
+        for (int h = 0; h < H; ++h) {
+          const VF qv = hn::LoadU(df, q + h * d + c);
+          acc[0][h] = hn::MulAdd(qv, k0, acc[0][h]);
+          acc[1][h] = hn::MulAdd(qv, k1, acc[1][h]);
+        }
+      }
+    } else {
+      for (size_t c = 0; c < d; c += N) {
+        const VF k0 = LoadHalf(k + c);
+        for (int h = 0; h < H; ++h) {
+          acc[0][h] = hn::MulAdd(hn::LoadU(df, q + h * d + c), k0, acc[0][h]);
+        }
+      }
+    }
+    for (int i = 0; i < nt; ++i) {
+      SumsOf4(acc[i], sums);
+      for (int h = 0; h < H; ++h) scores[h * tokens + t + i] = sums[h] * scale;
+    }
   }
 }
 
@@ -598,7 +697,8 @@ void Fp16Scores(size_t d, const float* HWY_RESTRICT q, const uint16_t* HWY_RESTR
 // channels at a time (d / N is a multiple of 4 for every head_dim and target).
 template <int H>
 void Fp16Values(size_t d, const uint16_t* HWY_RESTRICT values, size_t tokens,
-                const float* HWY_RESTRICT p, size_t p_stride, float* HWY_RESTRICT acc_h) {
+                const float* HWY_RESTRICT p, size_t p_stride, float* HWY_RESTRICT acc_h,
+                SpanPrefetcher& pf) {
   const DF df;
   const size_t N = hn::Lanes(df);
   constexpr size_t kVecs = 4;
@@ -609,6 +709,7 @@ void Fp16Values(size_t d, const uint16_t* HWY_RESTRICT values, size_t tokens,
     }
     for (size_t t = 0; t < tokens; ++t) {
       const uint16_t* v = values + t * d + c0;
+      pf.Consumed(kVecs * N * sizeof(uint16_t));
       VF vv[kVecs];
       for (size_t j = 0; j < kVecs; ++j) vv[j] = LoadHalf(v + j * N);
       for (int h = 0; h < H; ++h) {
@@ -625,23 +726,31 @@ void Fp16Values(size_t d, const uint16_t* HWY_RESTRICT values, size_t tokens,
 // Folds fp16 tokens (storage frame) into the fp16 softmax state and its natural-order
 // accumulator.
 void AttendFp16(size_t d, int heads, const uint16_t* keys, const uint16_t* values, size_t tokens,
-                float scale, AttendScratch& s, SoftmaxState& st) {
+                float scale, AttendScratch& s, SoftmaxState& st, SpanPrefetcher& pf) {
   const DF df;
   const size_t N = hn::Lanes(df), g = tokens;
   float* HWY_RESTRICT scores = s.scores.get();  // [H][tokens]
   const float* HWY_RESTRICT queries = s.q.get();
   float* HWY_RESTRICT acc_h = s.acc_h.get();
+  SpanPrefetcher idle;  // later head blocks read again what the first one fetched
   for (int h0 = 0; h0 < heads; h0 += kMaxHeadBlock) {
+    SpanPrefetcher& pf_h = h0 == 0 ? pf : idle;
+    const float* q_h = queries + h0 * d;
+    float* sc_h = scores + h0 * g;
     switch (std::min(kMaxHeadBlock, heads - h0)) {
-      case 1: Fp16Scores<1>(d, queries + h0 * d, keys, tokens, scale, scores + h0 * g); break;
-      case 2: Fp16Scores<2>(d, queries + h0 * d, keys, tokens, scale, scores + h0 * g); break;
-      case 3: Fp16Scores<3>(d, queries + h0 * d, keys, tokens, scale, scores + h0 * g); break;
-      default: Fp16Scores<4>(d, queries + h0 * d, keys, tokens, scale, scores + h0 * g); break;
+      case 1: Fp16Scores<1>(d, q_h, keys, tokens, scale, sc_h, pf_h); break;
+      case 2: Fp16Scores<2>(d, q_h, keys, tokens, scale, sc_h, pf_h); break;
+      case 3: Fp16Scores<3>(d, q_h, keys, tokens, scale, sc_h, pf_h); break;
+      default: Fp16Scores<4>(d, q_h, keys, tokens, scale, sc_h, pf_h); break;
     }
   }
   for (int h = 0; h < heads; ++h) {
     float* HWY_RESTRICT sc = scores + h * g;
-    const float m_new = std::max(st.max[h], *std::max_element(sc, sc + tokens));
+    VF mx = hn::Set(df, st.max[h]);
+    size_t i = 0;
+    for (; i + N <= tokens; i += N) mx = hn::Max(mx, hn::LoadU(df, sc + i));
+    float m_new = ReduceMax(mx);
+    for (; i < tokens; ++i) m_new = std::max(m_new, sc[i]);
     const float rescale = std::exp(st.max[h] - m_new);
     st.max[h] = m_new;
     const VF mv = hn::Set(df, m_new);
@@ -662,11 +771,12 @@ void AttendFp16(size_t d, int heads, const uint16_t* keys, const uint16_t* value
   for (int h0 = 0; h0 < heads; h0 += kMaxHeadBlock) {
     float* acc = acc_h + h0 * d;
     const float* p = scores + h0 * g;
+    SpanPrefetcher& pf_h = h0 == 0 ? pf : idle;
     switch (std::min(kMaxHeadBlock, heads - h0)) {
-      case 1: Fp16Values<1>(d, values, tokens, p, g, acc); break;
-      case 2: Fp16Values<2>(d, values, tokens, p, g, acc); break;
-      case 3: Fp16Values<3>(d, values, tokens, p, g, acc); break;
-      default: Fp16Values<4>(d, values, tokens, p, g, acc); break;
+      case 1: Fp16Values<1>(d, values, tokens, p, g, acc, pf_h); break;
+      case 2: Fp16Values<2>(d, values, tokens, p, g, acc, pf_h); break;
+      case 3: Fp16Values<3>(d, values, tokens, p, g, acc, pf_h); break;
+      default: Fp16Values<4>(d, values, tokens, p, g, acc, pf_h); break;
     }
   }
 }
@@ -687,21 +797,34 @@ CodecStatus AttendImpl(const Preset& preset, int head_dim, const float* queries,
   std::fill_n(fp16_state.sum, heads, 0.0f);
   std::fill_n(tile_state.sum, heads, 0.0f);
 
-  // The first records are requested before the fp16 parts, which then hide their latency.
+  // The fp16 parts, then the first two records, fetched a fixed distance ahead of the fp16
+  // kernels; what is left of the records is requested once the fp16 parts are done, so that
+  // the first tile does not wait.
+  SpanPrefetcher pf;
+  const size_t row_bytes = d * sizeof(uint16_t);
+  pf.Add(seq.sink.keys, seq.sink.tokens * row_bytes);
+  pf.Add(seq.sink.values, seq.sink.tokens * row_bytes);
+  pf.Add(seq.tail.keys, seq.tail.tokens * row_bytes);
+  pf.Add(seq.tail.values, seq.tail.tokens * row_bytes);
   const size_t record_bytes = preset.quantizes() ? preset.Layout(head_dim).total : 0;
   for (size_t i = 0; i < std::min<size_t>(2, seq.tiles.size()) && record_bytes > 0; ++i) {
-    for (size_t b = 0; b < record_bytes; b += 64) __builtin_prefetch(seq.tiles[i] + b, 0, 2);
+    pf.Add(seq.tiles[i], record_bytes);
   }
+  for (size_t i = 0; i < kFp16LeadLines; ++i) pf.Step();
   if (seq.sink.tokens > 0) {
-    AttendFp16(d, heads, seq.sink.keys, seq.sink.values, seq.sink.tokens, scale, s, fp16_state);
+    AttendFp16(d, heads, seq.sink.keys, seq.sink.values, seq.sink.tokens, scale, s, fp16_state,
+               pf);
   }
   if (seq.tail.tokens > 0) {
-    AttendFp16(d, heads, seq.tail.keys, seq.tail.values, seq.tail.tokens, scale, s, fp16_state);
+    AttendFp16(d, heads, seq.tail.keys, seq.tail.values, seq.tail.tokens, scale, s, fp16_state,
+               pf);
   }
+  pf.Drain();
   if (!preset.quantizes()) {
+    SpanPrefetcher none;
     for (const uint8_t* tile : seq.tiles) {
       const auto* k = reinterpret_cast<const uint16_t*>(tile);
-      AttendFp16(d, heads, k, k + g * d, g, scale, s, fp16_state);
+      AttendFp16(d, heads, k, k + g * d, g, scale, s, fp16_state, none);
     }
   } else if (!seq.tiles.empty()) {
     PlanePermutation(g, preset.key_bits, s.tok_perm.get());
