@@ -5,32 +5,26 @@
 #define KVARN_TESTS_BENCH_SPAWN_DAEMON_H_
 
 #include <signal.h>
-#include <sys/prctl.h>
+#include <sys/types.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "tests/common/spawn.h"
+
 namespace kvarn {
 
-// Starts args[0] with `args`; the pid, or -1 when fork fails. A child that cannot run it exits
-// with 127. The kernel sends the SIGKILL when the thread that forked exits, not only the
-// process: call this from the thread that outlives the daemon (the benches' main thread).
+// Starts args[0] with `args` (stdio and environment inherited); the pid, or -1 when fork fails
+// (or args is empty). A child that cannot run it exits with 127. The kernel sends the SIGKILL
+// when the thread that forked exits, not only the process: call this from the thread that
+// outlives the daemon (the benches' main thread).
 inline pid_t SpawnTiedDaemon(const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid == 0) {
-    // Async-signal-safe calls only until exec.
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(125);  // the bench died before the prctl
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  return pid;
+  ::kvarn::testing::SpawnOptions options;
+  options.parent_death_signal = SIGKILL;
+  const absl::StatusOr<pid_t> pid = ::kvarn::testing::SpawnProcess(args, options);
+  return pid.ok() ? *pid : -1;
 }
 
 // Why the daemon is not answering, if it already exited: "" while it runs.

@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,36 +13,37 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "tests/chaos/protocol.h"
+#include "tests/common/spawn.h"
 
 namespace kvarn::chaos {
 namespace {
 
+using ::kvarn::testing::SpawnOptions;
+using ::kvarn::testing::SpawnProcess;
+using ::kvarn::testing::Stdio;
+
 constexpr size_t kTailLines = 400;
 
-// argv for execv, built before fork: the child of a multi-threaded process may only call
-// async-signal-safe functions until it execs.
-struct Argv {
-  Argv(const std::string& binary, const std::vector<std::string>& args) : strings(args) {
-    strings.insert(strings.begin(), binary);
-    for (std::string& s : strings) ptrs.push_back(s.data());
-    ptrs.push_back(nullptr);
-  }
-  std::vector<std::string> strings;
-  std::vector<char*> ptrs;
-};
+// `binary args...`, the argv SpawnProcess takes.
+std::vector<std::string> CommandLine(const std::string& binary, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {binary};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
 
-// In a forked child before exec (async-signal-safe calls only): die with the controller (a
-// controller killed by a test runner must not leave kvarnd or clients behind), and undo the
-// controller's own SIG_IGN of SIGPIPE, which exec would pass on.
+// What every child of the controller gets: SIGKILL when the controller dies (a controller
+// killed by a test runner must not leave kvarnd or clients behind), and SIGPIPE back at
+// SIG_DFL (the controller ignores it, and exec would pass that on).
 // Each child also gets a process group of its own, whose parent (the controller) is outside
 // it: such a group is never orphaned while the controller lives, so the kernel never sends it
 // the SIGHUP + SIGCONT it sends an orphaned group with a stopped member (which would undo a
 // SIGSTOP the moment the shell that started the controller exits).
-void ChildSetup(pid_t controller) {
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  setpgid(0, 0);
-  if (getppid() != controller) _exit(125);  // the controller died before the prctl
-  signal(SIGPIPE, SIG_DFL);
+SpawnOptions TiedToController() {
+  SpawnOptions options;
+  options.parent_death_signal = SIGKILL;
+  options.own_process_group = true;
+  options.default_sigpipe = true;
+  return options;
 }
 
 // Blocks until `pid` exits (it was sent SIGKILL, or its pipe reported its death).
@@ -71,22 +71,17 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(const std::s
   d->log_file_.open(log_path, std::ios::app);
   int err[2];
   if (pipe2(err, O_CLOEXEC) != 0) return absl::InternalError("pipe2 failed");
-  const int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
-  Argv argv(binary, args);
-  const pid_t self = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError("fork failed");
-  if (pid == 0) {
-    ChildSetup(self);
-    dup2(devnull, 0);
-    dup2(devnull, 1);
-    dup2(err[1], 2);
-    execv(argv.ptrs[0], argv.ptrs.data());
-    _exit(127);
-  }
+  SpawnOptions spawn = TiedToController();
+  spawn.stdin_from = Stdio::DevNull();
+  spawn.stdout_to = Stdio::DevNull();
+  spawn.stderr_to = Stdio::Fd(err[1]);
+  const absl::StatusOr<pid_t> pid = SpawnProcess(CommandLine(binary, args), spawn);
   close(err[1]);
-  close(devnull);
-  d->pid_ = pid;
+  if (!pid.ok()) {
+    close(err[0]);
+    return pid.status();
+  }
+  d->pid_ = *pid;
   d->log_fd_ = err[0];
   d->drain_ = std::thread([p = d.get()] { p->Drain(); });
   std::unique_lock<std::mutex> lock(d->mu_);
@@ -200,26 +195,21 @@ absl::StatusOr<std::unique_ptr<ClientProcess>> ClientProcess::Spawn(const std::s
     close(in[1]);
     return absl::InternalError("pipe2 failed");
   }
-  Argv argv(binary, args);
-  const pid_t self = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) {
-    for (int fd : {in[0], in[1], out[0], out[1]}) close(fd);
-    return absl::InternalError("fork failed");
-  }
-  if (pid == 0) {
-    ChildSetup(self);
-    dup2(in[0], 0);
-    dup2(out[1], 1);
-    if (stderr_fd >= 0) dup2(stderr_fd, 2);
-    execv(argv.ptrs[0], argv.ptrs.data());
-    _exit(127);
-  }
+  SpawnOptions spawn = TiedToController();
+  spawn.stdin_from = Stdio::Fd(in[0]);
+  spawn.stdout_to = Stdio::Fd(out[1]);
+  if (stderr_fd >= 0) spawn.stderr_to = Stdio::Fd(stderr_fd);  // else inherited
+  const absl::StatusOr<pid_t> pid = SpawnProcess(CommandLine(binary, args), spawn);
   close(in[0]);
   close(out[1]);
+  if (!pid.ok()) {
+    close(in[1]);
+    close(out[0]);
+    return pid.status();
+  }
   fcntl(out[0], F_SETFL, fcntl(out[0], F_GETFL) | O_NONBLOCK);
   std::unique_ptr<ClientProcess> c(new ClientProcess());
-  c->pid_ = pid;
+  c->pid_ = *pid;
   c->in_ = in[1];
   c->out_ = out[0];
   return c;

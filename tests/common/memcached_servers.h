@@ -1,8 +1,9 @@
 // Real memcached servers for tests: N `memcached` processes on loopback, each on a free port,
 // started and checked ready (connect + "version" answered) within a deadline, then killable
 // (SIGKILL), pausable (SIGSTOP / SIGCONT: a hung server) and restartable on the same port.
-// The destructor kills and reaps them all. Header-only, POSIX and Abseil's status only (no
-// GoogleTest, nothing of kvarnd), so any test binary can use it.
+// The destructor kills and reaps them all. Header-only but for tests/common/spawn.h (link
+// kvarn_test_spawn); POSIX and Abseil's status only (no GoogleTest, nothing of kvarnd), so any
+// test binary can use it.
 //
 // The binary: $KVARN_MEMCACHED if set, else `memcached` on $PATH, else /usr/bin/memcached. A
 // missing binary is an error with a message saying so (tests fail on it, they do not skip:
@@ -17,11 +18,9 @@
 #define KVARN_TESTS_COMMON_MEMCACHED_SERVERS_H_
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -38,6 +37,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "tests/common/spawn.h"
 
 namespace kvarn::testing {
 
@@ -185,29 +185,16 @@ class MemcachedServers {
 
   absl::Status Launch(int i) {
     Server& s = servers_[i];
-    std::vector<std::string> args = Args(i);
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t parent = ::getpid();
-    const pid_t pid = ::fork();
-    if (pid < 0) return absl::InternalError(std::string("fork: ") + std::strerror(errno));
-    if (pid == 0) {
-      // Only async-signal-safe calls between fork and exec.
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(127);
-      const int devnull = ::open("/dev/null", O_RDWR);
-      // memcached's chatter (e.g. "getpeername" when a paused server accepts a connection its
-      // client gave up on) stays out of the test log.
-      if (devnull >= 0) {
-        ::dup2(devnull, 0);
-        ::dup2(devnull, 1);
-        ::dup2(devnull, 2);
-      }
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-    s.pid = pid;
+    SpawnOptions spawn;
+    spawn.parent_death_signal = SIGKILL;  // dies with the test, even when the test crashes
+    // memcached's chatter (e.g. "getpeername" when a paused server accepts a connection its
+    // client gave up on) stays out of the test log.
+    spawn.stdin_from = Stdio::DevNull();
+    spawn.stdout_to = Stdio::DevNull();
+    spawn.stderr_to = Stdio::DevNull();
+    const absl::StatusOr<pid_t> pid = SpawnProcess(Args(i), spawn);
+    if (!pid.ok()) return pid.status();
+    s.pid = *pid;
     return WaitReady(i);
   }
 

@@ -3,12 +3,9 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
-#include <grp.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sched.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -27,24 +24,36 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "tests/common/spawn.h"
 
 namespace kvarn::it {
 namespace {
+
+using ::kvarn::testing::SpawnOptions;
+using ::kvarn::testing::SpawnProcess;
+using ::kvarn::testing::SpawnUser;
+using ::kvarn::testing::Stdio;
 
 constexpr std::chrono::milliseconds kStartTimeout{15000};
 
 std::string ShmPrefix(const std::string& instance) { return absl::StrCat("kvarnd.", instance, "."); }
 
-// argv for execv, built before fork (the child may only call async-signal-safe functions).
-struct Argv {
-  explicit Argv(const std::string& binary, const std::vector<std::string>& args) : strings(args) {
-    strings.insert(strings.begin(), binary);
-    for (std::string& s : strings) ptrs.push_back(s.data());
-    ptrs.push_back(nullptr);
-  }
-  std::vector<std::string> strings;
-  std::vector<char*> ptrs;
-};
+// `binary args...`, the argv SpawnProcess takes.
+std::vector<std::string> CommandLine(const std::string& binary, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {binary};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+// What every child of the tests gets: SIGKILL on the test's death, so a test that aborts (an
+// assertion, a sanitizer report, ctest's timeout) leaves no process behind; and `who`, when
+// given, as its user (SpawnProcess arms the signal after the uid change, which clears it).
+SpawnOptions TiedToTest(const std::optional<RunAs>& who) {
+  SpawnOptions options;
+  options.parent_death_signal = SIGKILL;
+  if (who.has_value()) options.user = SpawnUser{who->uid, who->gid};
+  return options;
+}
 
 // Waits for the process to exit; DEADLINE_EXCEEDED if it is still running at the timeout.
 absl::StatusOr<int> WaitPid(pid_t pid, std::chrono::milliseconds timeout) {
@@ -91,19 +100,6 @@ std::optional<RunAs> UnprivilegedUser() {
   if (geteuid() != 0) return std::nullopt;
   return RunAs{65534, 65534};  // nobody / nogroup
 }
-
-namespace {
-// In a forked child before exec: become `who` (async-signal-safe calls only).
-// Then arrange SIGKILL on the test's death, so a test that aborts (an assertion, a sanitizer
-// report, ctest's timeout) leaves no daemon behind. Set after the uid change, which clears it.
-void BecomeUser(const std::optional<RunAs>& who, pid_t parent) {
-  if (who.has_value() &&
-      (setgroups(0, nullptr) != 0 || setgid(who->gid) != 0 || setuid(who->uid) != 0)) {
-    _exit(126);
-  }
-  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(125);
-}
-}  // namespace
 
 std::string UniqueInstance() {
   static std::atomic<int> counter{0};
@@ -200,40 +196,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
             "--instance=" + d->instance_, "--drain_ms=1000"};
   }
   args.insert(args.end(), o.extra_flags.begin(), o.extra_flags.end());
-  Argv argv(KvarndBinary(), args);
   const int log = open(d->log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (log < 0) return absl::InternalError(absl::StrCat("cannot create ", d->log_path_));
-  const int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  const std::optional<RunAs> run_as = o.run_as;
   const bool own_pid_namespace = o.own_pid_namespace;
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError("fork failed");
-  if (pid == 0) {
-    dup2(devnull, 0);
-    dup2(log, 1);
-    dup2(log, 2);
-    BecomeUser(run_as, parent);
-    if (own_pid_namespace) {
-      if (unshare(CLONE_NEWPID) != 0) _exit(124);
-      const pid_t inner = fork();
-      if (inner < 0) _exit(123);
-      if (inner == 0) {
-        // Its parent is outside the namespace (getppid() is 0 here), so a parent that died
-        // before this line goes unnoticed; it waits for this process, so only SIGKILL does that.
-        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) _exit(125);
-        execv(argv.ptrs[0], argv.ptrs.data());
-        _exit(127);
-      }
-      int st = 0;
-      if (waitpid(inner, &st, 0) != inner) _exit(122);
-      _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
-    }
-    execv(argv.ptrs[0], argv.ptrs.data());
-    _exit(127);
-  }
+  SpawnOptions spawn = TiedToTest(o.run_as);
+  spawn.stdin_from = Stdio::DevNull();
+  spawn.stdout_to = Stdio::Fd(log);
+  spawn.stderr_to = Stdio::Fd(log);
+  spawn.new_pid_namespace = own_pid_namespace;
+  const absl::StatusOr<pid_t> spawned = SpawnProcess(CommandLine(KvarndBinary(), args), spawn);
   close(log);
-  close(devnull);
+  if (!spawned.ok()) return spawned.status();
+  const pid_t pid = *spawned;
   d->pid_ = pid;
   const double until = NowMs() + static_cast<double>(kStartTimeout.count());
   for (;;) {
@@ -321,21 +295,19 @@ absl::StatusOr<std::unique_ptr<Child>> Child::Spawn(const std::string& binary, c
     close(in[1]);
     return absl::InternalError("pipe");
   }
-  Argv argv(binary, args);
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError("fork failed");
-  if (pid == 0) {
-    dup2(in[0], 0);
-    dup2(out[1], 1);
-    BecomeUser(run_as, parent);
-    execv(argv.ptrs[0], argv.ptrs.data());
-    _exit(127);
-  }
+  SpawnOptions spawn = TiedToTest(run_as);
+  spawn.stdin_from = Stdio::Fd(in[0]);
+  spawn.stdout_to = Stdio::Fd(out[1]);
+  const absl::StatusOr<pid_t> pid = SpawnProcess(CommandLine(binary, args), spawn);
   close(in[0]);
   close(out[1]);
+  if (!pid.ok()) {
+    close(in[1]);
+    close(out[0]);
+    return pid.status();
+  }
   std::unique_ptr<Child> c(new Child());
-  c->pid_ = pid;
+  c->pid_ = *pid;
   c->in_ = in[1];
   c->out_ = out[0];
   return c;
@@ -490,20 +462,15 @@ absl::StatusOr<std::pair<int, std::string>> RunWithInput(const std::string& bina
   const int in = open(in_path.c_str(), O_RDONLY | O_CLOEXEC);
   const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (in < 0 || out < 0) return absl::InternalError("cannot open input/output files");
-  Argv argv(binary, args);
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError("fork failed");
-  if (pid == 0) {
-    dup2(in, 0);
-    dup2(out, 1);
-    dup2(out, 2);
-    BecomeUser(std::nullopt, parent);
-    execv(argv.ptrs[0], argv.ptrs.data());
-    _exit(127);
-  }
+  SpawnOptions spawn = TiedToTest(std::nullopt);
+  spawn.stdin_from = Stdio::Fd(in);
+  spawn.stdout_to = Stdio::Fd(out);
+  spawn.stderr_to = Stdio::Fd(out);
+  const absl::StatusOr<pid_t> spawned = SpawnProcess(CommandLine(binary, args), spawn);
   close(in);
   close(out);
+  if (!spawned.ok()) return spawned.status();
+  const pid_t pid = *spawned;
   auto status = WaitPid(pid, std::chrono::seconds(30));
   if (!status.ok()) {
     kill(pid, SIGKILL);
@@ -517,7 +484,7 @@ absl::StatusOr<ProcessOutput> RunProcess(const std::string& binary, const std::v
                                          const std::vector<std::string>& env, std::chrono::milliseconds timeout) {
   TempDir dir;
   const std::string out_path = dir.path() + "/out", err_path = dir.path() + "/err";
-  // The child's environment, built before fork (setenv is not async-signal-safe).
+  // The child's environment: this process's, changed by `env`.
   std::vector<std::string> envs;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry = *e;
@@ -530,28 +497,19 @@ absl::StatusOr<ProcessOutput> RunProcess(const std::string& binary, const std::v
   for (const std::string& change : env) {
     if (change.find('=') != std::string::npos) envs.push_back(change);
   }
-  std::vector<char*> envp;
-  for (std::string& e : envs) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  const int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
   const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (in < 0 || out < 0 || err < 0) return absl::InternalError("cannot open the output files");
-  Argv argv(binary, args);
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError("fork failed");
-  if (pid == 0) {
-    dup2(in, 0);
-    dup2(out, 1);
-    dup2(err, 2);
-    BecomeUser(std::nullopt, parent);
-    execve(argv.ptrs[0], argv.ptrs.data(), envp.data());
-    _exit(127);
-  }
-  close(in);
+  if (out < 0 || err < 0) return absl::InternalError("cannot open the output files");
+  SpawnOptions spawn = TiedToTest(std::nullopt);
+  spawn.stdin_from = Stdio::DevNull();
+  spawn.stdout_to = Stdio::Fd(out);
+  spawn.stderr_to = Stdio::Fd(err);
+  spawn.environment = std::move(envs);
+  const absl::StatusOr<pid_t> spawned = SpawnProcess(CommandLine(binary, args), spawn);
   close(out);
   close(err);
+  if (!spawned.ok()) return spawned.status();
+  const pid_t pid = *spawned;
   auto status = WaitPid(pid, timeout);
   if (!status.ok()) {
     kill(pid, SIGKILL);
