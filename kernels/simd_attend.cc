@@ -120,12 +120,14 @@ class Prefetcher {
   const uint8_t* end_;
 };
 
-// Fetches the fp16 parts (sink keys, sink values, tail keys, tail values) and then the first
-// quantized records, in the order the kernels read them, a fixed distance ahead of the
-// reading. The fp16 parts are small arrays that each start cold, which the hardware
-// prefetcher picks up page by page; at 4K tokens they are a fifth of a step's bytes
-// (docs/benchmarks.md, "The fp16 parts": the cold 4K step about 5% shorter with this and
-// SumsOf4). Into L2 (T1) like Prefetcher.
+// Fetches the fp16 parts array by array (sink keys, sink values, tail keys, tail values) and
+// then the first quantized records, a line per 64 bytes the fp16 kernels read, from a fixed
+// lead on. The keys are read row by row, so there the fetch runs the lead ahead; the values
+// are read in passes of 4N channels over all rows, which the fetch, going row by row, catches
+// up with only in the last pass. What is left of the records when the fp16 parts are done is
+// requested at once (Drain). The fp16 parts are small arrays that each start cold; at 4K
+// tokens they are a fifth of a step's bytes (docs/benchmarks.md, "The fp16 parts": the cold
+// 4K step about 5% shorter with this and SumsOf4). Into L2 (T1) like Prefetcher.
 class SpanPrefetcher {
  public:
   static constexpr int kMaxSpans = 6;
@@ -149,9 +151,9 @@ class SpanPrefetcher {
     __builtin_prefetch(next_, /*rw=*/0, /*locality=*/2);  // prefetcht1
     next_ += 64;
   }
-  // The lines for `bytes` read, at least one.
+  // One line per 64 bytes the kernels have read.
   HWY_INLINE void Consumed(size_t bytes) {
-    for (size_t i = 0; i < std::max<size_t>(1, bytes / 64); ++i) Step();
+    for (read_ += bytes; read_ >= 64; read_ -= 64) Step();
   }
   // Fetches what is left of every span at once.
   void Drain() {
@@ -165,6 +167,7 @@ class SpanPrefetcher {
   };
   Span spans_[kMaxSpans] = {};
   int n_ = 0, cur_ = 0;
+  size_t read_ = 0;  // bytes read since the last Step
   const uint8_t* next_ = nullptr;
   const uint8_t* end_ = nullptr;
 };
@@ -838,7 +841,7 @@ CodecStatus AttendImpl(const Preset& preset, int head_dim, const float* queries,
       IntScratch& is = ThreadInstance<IntScratch>();
       // The fast tile is short enough that fetching one record ahead leaves its start
       // waiting: fetch two ahead (measured ~10% faster cold steps); the first two records
-      // were requested before the fp16 parts.
+      // were requested with the fp16 parts (SpanPrefetcher).
       constexpr size_t kAhead = 2;
       for (size_t i = 0; i < seq.tiles.size(); ++i) {
         const uint8_t* next = i + kAhead < seq.tiles.size() ? seq.tiles[i + kAhead] : nullptr;

@@ -115,10 +115,10 @@ class Workers {
     start_.arrive_and_wait();
     done_.arrive_and_wait();
   }
-  // A spinning barrier, as the thread pools of inference engines spin between operations:
-  // a worker woken from a futex on this VM took tens of microseconds to run again, which the
-  // two-thread wall figures measured instead of the step (docs/benchmarks.md). The last
-  // worker to arrive stamps the wall clock.
+  // A spinning barrier, so that the two-thread wall figures time the step and not a futex
+  // wake-up: with std::barrier, wall less CPU time was 0.06-0.33 ms on this VM, against
+  // 0.01-0.02 ms spinning (docs/benchmarks.md). The last worker to arrive stamps the wall
+  // clock.
   void Sync() {
     const unsigned gen = sync_gen_.load(std::memory_order_acquire);
     if (sync_arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
@@ -265,14 +265,16 @@ struct Timing {
 // Median cold step over `reps` steps: every worker evicts, then attends its share of kv-heads.
 // Before each step, one streaming read by the same workers (StreamReadOnce), so that the read
 // limit comes from the same minutes as the steps: this VM's neighbours moved both by tens of
-// percent from one minute to the next.
+// percent from one minute to the next. With --warm the reads come first, all of them.
 Timing TimeSteps(Workers& workers, const Preset& p, const Workload& wl, AttendPrecision precision,
                  int reps, bool warm) {
   std::vector<float> out(static_cast<size_t>(kKvHeads) * kHeadsPerKv * kHeadDim);
   std::vector<double> wall, cpu, read;
   std::vector<double> worker_cpu(static_cast<size_t>(workers.size()));
+  // --warm: the reads first, since a read (8x the L3) would leave the step cold.
+  for (int rep = 0; warm && rep < reps; ++rep) read.push_back(StreamReadOnce(workers));
   for (int rep = 0; rep < reps + 1; ++rep) {  // the first step warms code and scratch
-    if (rep > 0) read.push_back(StreamReadOnce(workers));
+    if (rep > 0 && !warm) read.push_back(StreamReadOnce(workers));
     workers.Run([&](int w) {
       if (!warm) Evict(w);
       workers.Sync();

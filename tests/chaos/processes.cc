@@ -18,18 +18,12 @@
 namespace kvarn::chaos {
 namespace {
 
+using ::kvarn::testing::CommandLine;
 using ::kvarn::testing::SpawnOptions;
 using ::kvarn::testing::SpawnProcess;
 using ::kvarn::testing::Stdio;
 
 constexpr size_t kTailLines = 400;
-
-// `binary args...`, the argv SpawnProcess takes.
-std::vector<std::string> CommandLine(const std::string& binary, const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {binary};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return argv;
-}
 
 // What every child of the controller gets: SIGKILL when the controller dies (a controller
 // killed by a test runner must not leave kvarnd or clients behind), and SIGPIPE back at

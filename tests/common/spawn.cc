@@ -9,7 +9,8 @@
 
 #include <cerrno>
 #include <cstddef>
-#include <cstring>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -183,7 +184,23 @@ std::vector<char*> ExecArray(std::vector<std::string>& strings) {
   return pointers;
 }
 
+// A descriptor of 3 or more for `fd` where it is a standard stream's number (0-2), which the
+// child's dup2 onto an earlier stream could replace before it is read: *extra holds the copy
+// the caller closes after fork. -1 when the copy fails.
+int AboveStandardStreams(int fd, int* extra) {
+  if (fd < 0 || fd > 2) return fd;
+  *extra = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  return *extra;
+}
+
 }  // namespace
+
+std::vector<std::string> CommandLine(const std::string& binary,
+                                     const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {binary};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
 
 absl::StatusOr<pid_t> SpawnProcess(const std::vector<std::string>& argv,
                                    const SpawnOptions& options) {
@@ -200,19 +217,47 @@ absl::StatusOr<pid_t> SpawnProcess(const std::vector<std::string>& argv,
   ChildPlan plan;
   plan.argv = arg_pointers.data();
   plan.envp = options.environment.has_value() ? env_pointers.data() : nullptr;
+  // Descriptors this call opens or copies, closed once the child has its own.
   int devnull = -1;
+  int copies[3] = {-1, -1, -1};
+  const auto close_ours = [&] {
+    if (devnull >= 0) close(devnull);
+    for (int fd : copies) {
+      if (fd >= 0) close(fd);
+    }
+  };
   const Stdio* streams[3] = {&options.stdin_from, &options.stdout_to, &options.stderr_to};
   for (int i = 0; i < 3; ++i) {
     switch (streams[i]->kind) {
       case Stdio::Kind::kInherit:
         break;
       case Stdio::Kind::kFd:
-        plan.stdio[i] = streams[i]->fd;
+        if (streams[i]->fd >= 0) {
+          plan.stdio[i] = AboveStandardStreams(streams[i]->fd, &copies[i]);
+          if (plan.stdio[i] < 0) {
+            const absl::Status error = absl::ErrnoToStatus(errno, "fcntl(F_DUPFD_CLOEXEC)");
+            close_ours();
+            return error;
+          }
+        }
         break;
       case Stdio::Kind::kDevNull:
-        if (devnull < 0) devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+        // At 3 or above too: a /dev/null that got number 0 would be replaced by the stdin step.
         if (devnull < 0) {
-          return absl::InternalError(std::string("open /dev/null: ") + std::strerror(errno));
+          int low = -1;
+          devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+          if (devnull >= 0 && devnull <= 2) {
+            low = devnull;
+            devnull = fcntl(low, F_DUPFD_CLOEXEC, 3);
+            const int saved = errno;
+            close(low);
+            errno = saved;
+          }
+        }
+        if (devnull < 0) {
+          const absl::Status error = absl::ErrnoToStatus(errno, "open /dev/null");
+          close_ours();
+          return error;
         }
         plan.stdio[i] = devnull;
         break;
@@ -228,8 +273,8 @@ absl::StatusOr<pid_t> SpawnProcess(const std::vector<std::string>& argv,
   const pid_t pid = fork();
   if (pid == 0) RunChild(plan);
   const int fork_errno = errno;
-  if (devnull >= 0) close(devnull);
-  if (pid < 0) return absl::InternalError(std::string("fork: ") + std::strerror(fork_errno));
+  close_ours();
+  if (pid < 0) return absl::ErrnoToStatus(fork_errno, "fork");
   return pid;
 }
 

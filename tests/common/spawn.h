@@ -2,7 +2,8 @@
 // child (standard streams, user, parent-death signal, process group), then exec. The one
 // place this sequence is written; the harnesses choose its options.
 //
-// Between fork and exec the child makes only async-signal-safe calls, on memory prepared
+// Between fork and exec the child makes only async-signal-safe calls (and, for
+// new_pid_namespace, one more fork, in the then single-threaded child), on memory prepared
 // before the fork (argv, environment, descriptors): the parent may have other threads, whose
 // locks (malloc's among them) the child inherits held.
 //
@@ -46,9 +47,10 @@ struct Stdio {
   static Stdio Inherit() { return Stdio{}; }
   // /dev/null, opened (read-write, close-on-exec) by SpawnProcess in the parent.
   static Stdio DevNull() { return Stdio{Kind::kDevNull, -1}; }
-  // A descriptor of the caller's, duplicated onto the stream (a negative one: inherited). The
-  // caller still owns it, and closes it after SpawnProcess returns where the child is to hold
-  // it alone (a pipe's end).
+  // A descriptor of the caller's, duplicated onto the stream (a negative one: inherited), as
+  // it is when SpawnProcess is called: Fd(1) for stderr is the caller's stdout, even where
+  // stdout is redirected too. The caller still owns it, and closes it after SpawnProcess
+  // returns where the child is to hold it alone (a pipe's end).
   static Stdio Fd(int descriptor) { return Stdio{Kind::kFd, descriptor}; }
 };
 
@@ -83,10 +85,14 @@ struct SpawnOptions {
   bool new_pid_namespace = false;
 };
 
+// `binary` followed by `args`: the argv SpawnProcess takes.
+std::vector<std::string> CommandLine(const std::string& binary,
+                                     const std::vector<std::string>& args);
+
 // Starts the program at path argv[0] (no $PATH search) with `argv` and returns its pid; the
-// caller reaps it. INVALID_ARGUMENT for an empty argv; INTERNAL when /dev/null cannot be
-// opened or fork fails. A failure in the child shows only in its exit status and on its
-// stderr (above).
+// caller reaps it. INVALID_ARGUMENT for an empty argv; the errno's status
+// (absl::ErrnoToStatus) when /dev/null cannot be opened, a descriptor cannot be copied, or
+// fork fails. A failure in the child shows only in its exit status and on its stderr (above).
 absl::StatusOr<pid_t> SpawnProcess(const std::vector<std::string>& argv,
                                    const SpawnOptions& options);
 

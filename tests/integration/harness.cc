@@ -29,6 +29,7 @@
 namespace kvarn::it {
 namespace {
 
+using ::kvarn::testing::CommandLine;
 using ::kvarn::testing::SpawnOptions;
 using ::kvarn::testing::SpawnProcess;
 using ::kvarn::testing::SpawnUser;
@@ -37,13 +38,6 @@ using ::kvarn::testing::Stdio;
 constexpr std::chrono::milliseconds kStartTimeout{15000};
 
 std::string ShmPrefix(const std::string& instance) { return absl::StrCat("kvarnd.", instance, "."); }
-
-// `binary args...`, the argv SpawnProcess takes.
-std::vector<std::string> CommandLine(const std::string& binary, const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {binary};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return argv;
-}
 
 // What every child of the tests gets: SIGKILL on the test's death, so a test that aborts (an
 // assertion, a sanitizer report, ctest's timeout) leaves no process behind; and `who`, when

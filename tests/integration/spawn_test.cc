@@ -1,0 +1,162 @@
+// SpawnProcess (tests/common/spawn.h), which every harness uses to start kvarnd, clients,
+// memcached and promtool: streams, environment, exec failures and the parent-death signal,
+// against the real kernel and real programs (/bin/sh, /usr/bin/env).
+#include "tests/common/spawn.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/integration/harness.h"
+
+namespace kvarn::testing {
+namespace {
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The wait status of `pid` once it exits, or nullopt if it is still running after 10 s.
+std::optional<int> WaitExit(pid_t pid) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    int status = 0;
+    const pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) return status;
+    if (r < 0 || std::chrono::steady_clock::now() > deadline) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+int OpenForWriting(const std::string& path) {
+  return open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+}
+
+TEST(SpawnTest, StreamsGoWhereTheyAreAsked) {
+  it::TempDir dir;
+  const std::string out_path = dir.path() + "/out", err_path = dir.path() + "/err";
+  const int out = OpenForWriting(out_path), err = OpenForWriting(err_path);
+  ASSERT_GE(out, 0);
+  ASSERT_GE(err, 0);
+  SpawnOptions options;
+  options.stdin_from = Stdio::DevNull();
+  options.stdout_to = Stdio::Fd(out);
+  options.stderr_to = Stdio::Fd(err);
+  const absl::StatusOr<pid_t> pid = SpawnProcess(
+      {"/bin/sh", "-c", "read x || echo eof; echo out; echo err >&2"}, options);
+  close(out);
+  close(err);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  const std::optional<int> status = WaitExit(*pid);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+  EXPECT_EQ(ReadAll(out_path), "eof\nout\n");
+  EXPECT_EQ(ReadAll(err_path), "err\n");
+}
+
+// A source descriptor numbered like a standard stream is the caller's descriptor, not what an
+// earlier redirection in the child put at that number: here the caller's fd 0 is the output
+// file, and the child's stdin (redirected first) is /dev/null.
+TEST(SpawnTest, ASourceNumberedLikeAStandardStreamIsTheCallersDescriptor) {
+  it::TempDir dir;
+  const std::string out_path = dir.path() + "/out";
+  const int out = OpenForWriting(out_path);
+  ASSERT_GE(out, 0);
+  const int saved_stdin = fcntl(0, F_DUPFD_CLOEXEC, 3);
+  ASSERT_GE(saved_stdin, 0);
+  ASSERT_EQ(dup2(out, 0), 0);
+  SpawnOptions options;
+  options.stdin_from = Stdio::DevNull();
+  options.stdout_to = Stdio::Fd(0);
+  const absl::StatusOr<pid_t> pid = SpawnProcess({"/bin/sh", "-c", "echo to-the-file"}, options);
+  ASSERT_EQ(dup2(saved_stdin, 0), 0);
+  close(saved_stdin);
+  close(out);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  const std::optional<int> status = WaitExit(*pid);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+  EXPECT_EQ(ReadAll(out_path), "to-the-file\n");
+}
+
+TEST(SpawnTest, TheEnvironmentGivenReplacesTheCallers) {
+  it::TempDir dir;
+  const std::string out_path = dir.path() + "/out";
+  const int out = OpenForWriting(out_path);
+  ASSERT_GE(out, 0);
+  SpawnOptions options;
+  options.stdout_to = Stdio::Fd(out);
+  options.environment = std::vector<std::string>{"KVARN_A=1", "KVARN_B=two"};
+  const absl::StatusOr<pid_t> pid = SpawnProcess({"/usr/bin/env"}, options);
+  close(out);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  ASSERT_TRUE(WaitExit(*pid).has_value());
+  EXPECT_EQ(ReadAll(out_path), "KVARN_A=1\nKVARN_B=two\n");
+}
+
+TEST(SpawnTest, AFailedExecExits127AndSaysWhyOnTheChildsStderr) {
+  it::TempDir dir;
+  const std::string err_path = dir.path() + "/err";
+  const int err = OpenForWriting(err_path);
+  ASSERT_GE(err, 0);
+  SpawnOptions options;
+  options.stderr_to = Stdio::Fd(err);
+  const std::string missing = dir.path() + "/no-such-program";
+  const absl::StatusOr<pid_t> pid = SpawnProcess({missing, "--flag"}, options);
+  close(err);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  const std::optional<int> status = WaitExit(*pid);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFEXITED(*status));
+  EXPECT_EQ(WEXITSTATUS(*status), 127);
+  EXPECT_EQ(ReadAll(err_path), "spawn: cannot exec " + missing + ": errno 2 (ENOENT)\n");
+}
+
+TEST(SpawnTest, AnEmptyCommandLineIsRefusedWithoutAFork) {
+  const absl::StatusOr<pid_t> pid = SpawnProcess({}, SpawnOptions{});
+  EXPECT_EQ(pid.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The child dies with the thread that spawned it (PR_SET_PDEATHSIG), so a test that dies
+// leaves no process behind. The thread waits for the child's first line, written after exec
+// (so after the signal was armed): a thread that ends before that leaves a child that
+// survives it, which spawn.h tells callers to avoid.
+TEST(SpawnTest, TheChildIsKilledWhenTheSpawningThreadExits) {
+  int pipe_fds[2];
+  ASSERT_EQ(pipe2(pipe_fds, O_CLOEXEC), 0);
+  absl::StatusOr<pid_t> pid = absl::UnknownError("not spawned");
+  std::string first_line;
+  std::thread spawner([&] {
+    SpawnOptions options;
+    options.stdout_to = Stdio::Fd(pipe_fds[1]);
+    pid = SpawnProcess({"/bin/sh", "-c", "echo armed; exec /bin/sleep 60"}, options);
+    close(pipe_fds[1]);
+    char c = 0;
+    while (pid.ok() && read(pipe_fds[0], &c, 1) == 1 && c != '\n') first_line += c;
+  });
+  spawner.join();
+  close(pipe_fds[0]);
+  EXPECT_EQ(first_line, "armed");
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  const std::optional<int> status = WaitExit(*pid);
+  if (!status.has_value()) kill(*pid, SIGKILL);
+  ASSERT_TRUE(status.has_value()) << "the child outlived its spawning thread by 10 s";
+  EXPECT_TRUE(WIFSIGNALED(*status));
+  EXPECT_EQ(WTERMSIG(*status), SIGKILL);
+}
+
+}  // namespace
+}  // namespace kvarn::testing
