@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <initializer_list>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -45,6 +46,25 @@ int OpenForWriting(const std::string& path) {
   return open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 }
 
+// Spawns `argv`, closes `descriptors` (the caller's copies: the child holds its own) and
+// returns the child's wait status once it exits.
+absl::StatusOr<int> RunToExit(const std::vector<std::string>& argv, const SpawnOptions& options,
+                              std::initializer_list<int> descriptors) {
+  const absl::StatusOr<pid_t> pid = SpawnProcess(argv, options);
+  for (int fd : descriptors) close(fd);
+  if (!pid.ok()) return pid.status();
+  const std::optional<int> status = WaitExit(*pid);
+  if (!status.has_value()) {
+    kill(*pid, SIGKILL);
+    return absl::DeadlineExceededError("the child ran for 10 s");
+  }
+  return *status;
+}
+
+bool ExitedWith(const absl::StatusOr<int>& status, int code) {
+  return status.ok() && WIFEXITED(*status) && WEXITSTATUS(*status) == code;
+}
+
 TEST(SpawnTest, StreamsGoWhereTheyAreAsked) {
   it::TempDir dir;
   const std::string out_path = dir.path() + "/out", err_path = dir.path() + "/err";
@@ -55,14 +75,9 @@ TEST(SpawnTest, StreamsGoWhereTheyAreAsked) {
   options.stdin_from = Stdio::DevNull();
   options.stdout_to = Stdio::Fd(out);
   options.stderr_to = Stdio::Fd(err);
-  const absl::StatusOr<pid_t> pid = SpawnProcess(
-      {"/bin/sh", "-c", "read x || echo eof; echo out; echo err >&2"}, options);
-  close(out);
-  close(err);
-  ASSERT_TRUE(pid.ok()) << pid.status();
-  const std::optional<int> status = WaitExit(*pid);
-  ASSERT_TRUE(status.has_value());
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+  const absl::StatusOr<int> status = RunToExit(
+      {"/bin/sh", "-c", "read x || echo eof; echo out; echo err >&2"}, options, {out, err});
+  EXPECT_TRUE(ExitedWith(status, 0)) << status.status();
   EXPECT_EQ(ReadAll(out_path), "eof\nout\n");
   EXPECT_EQ(ReadAll(err_path), "err\n");
 }
@@ -81,14 +96,11 @@ TEST(SpawnTest, ASourceNumberedLikeAStandardStreamIsTheCallersDescriptor) {
   SpawnOptions options;
   options.stdin_from = Stdio::DevNull();
   options.stdout_to = Stdio::Fd(0);
-  const absl::StatusOr<pid_t> pid = SpawnProcess({"/bin/sh", "-c", "echo to-the-file"}, options);
+  const absl::StatusOr<int> status =
+      RunToExit({"/bin/sh", "-c", "echo to-the-file"}, options, {out});
   ASSERT_EQ(dup2(saved_stdin, 0), 0);
   close(saved_stdin);
-  close(out);
-  ASSERT_TRUE(pid.ok()) << pid.status();
-  const std::optional<int> status = WaitExit(*pid);
-  ASSERT_TRUE(status.has_value());
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+  EXPECT_TRUE(ExitedWith(status, 0)) << status.status();
   EXPECT_EQ(ReadAll(out_path), "to-the-file\n");
 }
 
@@ -100,10 +112,8 @@ TEST(SpawnTest, TheEnvironmentGivenReplacesTheCallers) {
   SpawnOptions options;
   options.stdout_to = Stdio::Fd(out);
   options.environment = std::vector<std::string>{"KVARN_A=1", "KVARN_B=two"};
-  const absl::StatusOr<pid_t> pid = SpawnProcess({"/usr/bin/env"}, options);
-  close(out);
-  ASSERT_TRUE(pid.ok()) << pid.status();
-  ASSERT_TRUE(WaitExit(*pid).has_value());
+  const absl::StatusOr<int> status = RunToExit({"/usr/bin/env"}, options, {out});
+  EXPECT_TRUE(ExitedWith(status, 0)) << status.status();
   EXPECT_EQ(ReadAll(out_path), "KVARN_A=1\nKVARN_B=two\n");
 }
 
@@ -115,13 +125,8 @@ TEST(SpawnTest, AFailedExecExits127AndSaysWhyOnTheChildsStderr) {
   SpawnOptions options;
   options.stderr_to = Stdio::Fd(err);
   const std::string missing = dir.path() + "/no-such-program";
-  const absl::StatusOr<pid_t> pid = SpawnProcess({missing, "--flag"}, options);
-  close(err);
-  ASSERT_TRUE(pid.ok()) << pid.status();
-  const std::optional<int> status = WaitExit(*pid);
-  ASSERT_TRUE(status.has_value());
-  EXPECT_TRUE(WIFEXITED(*status));
-  EXPECT_EQ(WEXITSTATUS(*status), 127);
+  const absl::StatusOr<int> status = RunToExit({missing, "--flag"}, options, {err});
+  EXPECT_TRUE(ExitedWith(status, 127)) << status.status();
   EXPECT_EQ(ReadAll(err_path), "spawn: cannot exec " + missing + ": errno 2 (ENOENT)\n");
 }
 
