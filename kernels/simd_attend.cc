@@ -122,10 +122,10 @@ class Prefetcher {
 
 // Fetches the fp16 parts array by array (sink keys, sink values, tail keys, tail values) and
 // then the first quantized records, a line per 64 bytes the fp16 kernels read, from a fixed
-// lead on. The keys are read row by row, so there the fetch runs the lead ahead; the values
-// are read in passes of 4N channels over all rows, which the fetch, going row by row, catches
-// up with only in the last pass. What is left of the records when the fp16 parts are done is
-// requested at once (Drain). The fp16 parts are small arrays that each start cold; at 4K
+// lead on. The keys are read row by row, so the fetch runs the lead ahead of them; the values
+// are read in passes of 4N channels over all rows, and the first pass counts whole rows, so
+// that the fetch runs ahead of it and the later passes find the rows in L2. What is left of
+// the records when the fp16 parts are done is requested at once (Drain). The fp16 parts are small arrays that each start cold; at 4K
 // tokens they are a fifth of a step's bytes (docs/benchmarks.md, "The fp16 parts": the cold
 // 4K step about 5% shorter with this and SumsOf4). Into L2 (T1) like Prefetcher.
 class SpanPrefetcher {
@@ -712,7 +712,8 @@ void Fp16Values(size_t d, const uint16_t* HWY_RESTRICT values, size_t tokens,
     }
     for (size_t t = 0; t < tokens; ++t) {
       const uint16_t* v = values + t * d + c0;
-      pf.Consumed(kVecs * N * sizeof(uint16_t));
+      // The first pass fetches whole rows, ahead of it; the later passes find them in L2.
+      if (c0 == 0) pf.Consumed(d * sizeof(uint16_t));
       VF vv[kVecs];
       for (size_t j = 0; j < kVecs; ++j) vv[j] = LoadHalf(v + j * N);
       for (int h = 0; h < H; ++h) {
