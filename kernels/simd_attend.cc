@@ -125,9 +125,10 @@ class Prefetcher {
 // lead on. The keys are read row by row, so the fetch runs the lead ahead of them; the values
 // are read in passes of 4N channels over all rows, and the first pass counts whole rows, so
 // that the fetch runs ahead of it and the later passes find the rows in L2. What is left of
-// the records when the fp16 parts are done is requested at once (Drain). The fp16 parts are small arrays that each start cold; at 4K
-// tokens they are a fifth of a step's bytes (docs/benchmarks.md, "The fp16 parts": the cold
-// 4K step about 5% shorter with this and SumsOf4). Into L2 (T1) like Prefetcher.
+// the records when the fp16 parts are done is requested at once (Drain). The fp16 parts are
+// small arrays that each start cold; at 4K tokens they are a fifth of a step's bytes
+// (docs/benchmarks.md, "The fp16 parts": the cold 4K step about 5% shorter with this and
+// SumsOf4). Into L2 (T1) like Prefetcher.
 class SpanPrefetcher {
  public:
   static constexpr int kMaxSpans = 6;
