@@ -2,17 +2,21 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <sched.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 
 namespace kvarn::testing {
 namespace {
@@ -276,6 +280,39 @@ absl::StatusOr<pid_t> SpawnProcess(const std::vector<std::string>& argv,
   close_ours();
   if (pid < 0) return absl::ErrnoToStatus(fork_errno, "fork");
   return pid;
+}
+
+absl::StatusOr<int> AwaitExit(pid_t pid, std::chrono::milliseconds timeout) {
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("pidfd_open(", pid, ")"));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  absl::StatusOr<int> result;
+  for (;;) {
+    int status = 0;
+    const pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) {
+      result = status;
+      break;
+    }
+    if (r < 0 && errno != EINTR) {
+      result = absl::ErrnoToStatus(errno, "waitpid");
+      break;
+    }
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      result = absl::DeadlineExceededError(
+          absl::StrCat("process ", pid, " still running after ", timeout.count(), " ms"));
+      break;
+    }
+    pollfd readable = {pidfd, POLLIN, 0};  // readable once the process has exited
+    if (poll(&readable, 1, static_cast<int>(left.count())) < 0 && errno != EINTR) {
+      result = absl::ErrnoToStatus(errno, "poll on a pidfd");
+      break;
+    }
+  }
+  close(pidfd);
+  return result;
 }
 
 }  // namespace kvarn::testing

@@ -29,6 +29,7 @@
 #include <signal.h>
 #include <sys/types.h>
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
@@ -95,6 +96,12 @@ std::vector<std::string> CommandLine(const std::string& binary,
 // fork fails. A failure in the child shows only in its exit status and on its stderr (above).
 absl::StatusOr<pid_t> SpawnProcess(const std::vector<std::string>& argv,
                                    const SpawnOptions& options);
+
+// Waits up to `timeout` for `pid`, a child of this process, to exit, and reaps it: its wait
+// status, or DEADLINE_EXCEEDED with the child left running (and unreaped). Waits in poll(2)
+// on a pidfd (Linux 5.3 or later), so it returns as soon as the child exits; the errno's
+// status where the pidfd cannot be opened (ESRCH: no such child, or already reaped).
+absl::StatusOr<int> AwaitExit(pid_t pid, std::chrono::milliseconds timeout);
 
 }  // namespace kvarn::testing
 

@@ -49,19 +49,6 @@ SpawnOptions TiedToTest(const std::optional<RunAs>& who) {
   return options;
 }
 
-// Waits for the process to exit; DEADLINE_EXCEEDED if it is still running at the timeout.
-absl::StatusOr<int> WaitPid(pid_t pid, std::chrono::milliseconds timeout) {
-  const double until = NowMs() + static_cast<double>(timeout.count());
-  for (;;) {
-    int status = 0;
-    const pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid) return status;
-    if (r < 0 && errno != EINTR) return absl::InternalError(absl::StrCat("waitpid: ", std::strerror(errno)));
-    if (NowMs() > until) return absl::DeadlineExceededError(absl::StrCat("process ", pid, " still running"));
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-}
-
 std::string ReadFile(const std::string& path) {
   std::ifstream f(path);
   std::stringstream ss;
@@ -251,7 +238,7 @@ bool Daemon::Running() {
 absl::StatusOr<int> Daemon::Stop(std::chrono::milliseconds timeout) {
   if (pid_ <= 0) return absl::FailedPreconditionError("kvarnd is not running");
   kill(pid_, SIGTERM);
-  auto status = WaitPid(pid_, timeout);
+  auto status = ::kvarn::testing::AwaitExit(pid_, timeout);
   if (!status.ok()) {
     Kill();
     return status.status();
@@ -262,7 +249,7 @@ absl::StatusOr<int> Daemon::Stop(std::chrono::milliseconds timeout) {
 
 absl::StatusOr<int> Daemon::AwaitExit(std::chrono::milliseconds timeout) {
   if (pid_ <= 0) return absl::FailedPreconditionError("kvarnd is not running");
-  auto status = WaitPid(pid_, timeout);
+  auto status = ::kvarn::testing::AwaitExit(pid_, timeout);
   if (status.ok()) pid_ = -1;
   return status;
 }
@@ -270,7 +257,7 @@ absl::StatusOr<int> Daemon::AwaitExit(std::chrono::milliseconds timeout) {
 void Daemon::Kill() {
   if (pid_ <= 0) return;
   kill(pid_, SIGKILL);
-  WaitPid(pid_, std::chrono::seconds(10)).IgnoreError();
+  ::kvarn::testing::AwaitExit(pid_, std::chrono::seconds(10)).IgnoreError();
   pid_ = -1;
 }
 
@@ -366,7 +353,7 @@ bool Child::Signal(int sig) { return pid_ > 0 && kill(pid_, sig) == 0; }
 
 absl::StatusOr<int> Child::Wait(std::chrono::milliseconds timeout) {
   if (pid_ <= 0) return absl::FailedPreconditionError("not running");
-  auto s = WaitPid(pid_, timeout);
+  auto s = ::kvarn::testing::AwaitExit(pid_, timeout);
   if (s.ok()) pid_ = -1;
   return s;
 }
@@ -375,7 +362,7 @@ void Child::KillAndReap() {
   if (pid_ <= 0) return;
   kill(pid_, SIGKILL);
   kill(pid_, SIGCONT);  // a stopped child dies on SIGKILL too, but be explicit
-  WaitPid(pid_, std::chrono::seconds(10)).IgnoreError();
+  ::kvarn::testing::AwaitExit(pid_, std::chrono::seconds(10)).IgnoreError();
   pid_ = -1;
 }
 
@@ -465,10 +452,10 @@ absl::StatusOr<std::pair<int, std::string>> RunWithInput(const std::string& bina
   close(out);
   if (!spawned.ok()) return spawned.status();
   const pid_t pid = *spawned;
-  auto status = WaitPid(pid, std::chrono::seconds(30));
+  auto status = ::kvarn::testing::AwaitExit(pid, std::chrono::seconds(30));
   if (!status.ok()) {
     kill(pid, SIGKILL);
-    WaitPid(pid, std::chrono::seconds(5)).IgnoreError();
+    ::kvarn::testing::AwaitExit(pid, std::chrono::seconds(5)).IgnoreError();
     return status.status();
   }
   return std::make_pair(*status, ReadFile(out_path));
@@ -504,10 +491,10 @@ absl::StatusOr<ProcessOutput> RunProcess(const std::string& binary, const std::v
   close(err);
   if (!spawned.ok()) return spawned.status();
   const pid_t pid = *spawned;
-  auto status = WaitPid(pid, timeout);
+  auto status = ::kvarn::testing::AwaitExit(pid, timeout);
   if (!status.ok()) {
     kill(pid, SIGKILL);
-    WaitPid(pid, std::chrono::seconds(5)).IgnoreError();
+    ::kvarn::testing::AwaitExit(pid, std::chrono::seconds(5)).IgnoreError();
     return status.status();
   }
   return ProcessOutput{*status, ReadFile(out_path), ReadFile(err_path)};

@@ -30,17 +30,7 @@ std::string ReadAll(const std::string& path) {
   return s.str();
 }
 
-// The wait status of `pid` once it exits, or nullopt if it is still running after 10 s.
-std::optional<int> WaitExit(pid_t pid) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  for (;;) {
-    int status = 0;
-    const pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid) return status;
-    if (r < 0 || std::chrono::steady_clock::now() > deadline) return std::nullopt;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-}
+constexpr std::chrono::seconds kExitTimeout{10};
 
 int OpenForWriting(const std::string& path) {
   return open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -53,12 +43,9 @@ absl::StatusOr<int> RunToExit(const std::vector<std::string>& argv, const SpawnO
   const absl::StatusOr<pid_t> pid = SpawnProcess(argv, options);
   for (int fd : descriptors) close(fd);
   if (!pid.ok()) return pid.status();
-  const std::optional<int> status = WaitExit(*pid);
-  if (!status.has_value()) {
-    kill(*pid, SIGKILL);
-    return absl::DeadlineExceededError("the child ran for 10 s");
-  }
-  return *status;
+  const absl::StatusOr<int> status = AwaitExit(*pid, kExitTimeout);
+  if (!status.ok()) kill(*pid, SIGKILL);
+  return status;
 }
 
 bool ExitedWith(const absl::StatusOr<int>& status, int code) {
@@ -156,9 +143,9 @@ TEST(SpawnTest, TheChildIsKilledWhenTheSpawningThreadExits) {
   close(pipe_fds[0]);
   EXPECT_EQ(first_line, "armed");
   ASSERT_TRUE(pid.ok()) << pid.status();
-  const std::optional<int> status = WaitExit(*pid);
-  if (!status.has_value()) kill(*pid, SIGKILL);
-  ASSERT_TRUE(status.has_value()) << "the child outlived its spawning thread by 10 s";
+  const absl::StatusOr<int> status = AwaitExit(*pid, kExitTimeout);
+  if (!status.ok()) kill(*pid, SIGKILL);
+  ASSERT_TRUE(status.ok()) << "the child outlived its spawning thread: " << status.status();
   EXPECT_TRUE(WIFSIGNALED(*status));
   EXPECT_EQ(WTERMSIG(*status), SIGKILL);
 }
