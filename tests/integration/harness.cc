@@ -19,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <thread>
 
@@ -49,13 +50,6 @@ SpawnOptions TiedToTest(const std::optional<RunAs>& who) {
   return options;
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 }  // namespace
 
 std::string KvarndBinary() { return KVARN_IT_KVARND; }
@@ -80,6 +74,11 @@ TempDir::~TempDir() {
 std::optional<RunAs> UnprivilegedUser() {
   if (geteuid() != 0) return std::nullopt;
   return RunAs{65534, 65534};  // nobody / nogroup
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
 }
 
 std::string UniqueInstance() {

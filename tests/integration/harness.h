@@ -49,6 +49,9 @@ class TempDir {
   std::string path_;
 };
 
+// The whole file, bytes as they are; empty when it cannot be read.
+std::string ReadFile(const std::string& path);
+
 // A process unique name, e.g. "it-1234-3": an instance name kvarnd accepts.
 std::string UniqueInstance();
 

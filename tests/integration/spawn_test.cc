@@ -9,10 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <fstream>
 #include <initializer_list>
-#include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,13 +19,6 @@
 
 namespace kvarn::testing {
 namespace {
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 constexpr std::chrono::seconds kExitTimeout{10};
 
@@ -65,8 +55,8 @@ TEST(SpawnTest, StreamsGoWhereTheyAreAsked) {
   const absl::StatusOr<int> status = RunToExit(
       {"/bin/sh", "-c", "read x || echo eof; echo out; echo err >&2"}, options, {out, err});
   EXPECT_TRUE(ExitedWith(status, 0)) << status.status();
-  EXPECT_EQ(ReadAll(out_path), "eof\nout\n");
-  EXPECT_EQ(ReadAll(err_path), "err\n");
+  EXPECT_EQ(it::ReadFile(out_path), "eof\nout\n");
+  EXPECT_EQ(it::ReadFile(err_path), "err\n");
 }
 
 // A source descriptor numbered like a standard stream is the caller's descriptor, not what an
@@ -88,7 +78,7 @@ TEST(SpawnTest, ASourceNumberedLikeAStandardStreamIsTheCallersDescriptor) {
   ASSERT_EQ(dup2(saved_stdin, 0), 0);
   close(saved_stdin);
   EXPECT_TRUE(ExitedWith(status, 0)) << status.status();
-  EXPECT_EQ(ReadAll(out_path), "to-the-file\n");
+  EXPECT_EQ(it::ReadFile(out_path), "to-the-file\n");
 }
 
 TEST(SpawnTest, TheEnvironmentGivenReplacesTheCallers) {
@@ -101,7 +91,7 @@ TEST(SpawnTest, TheEnvironmentGivenReplacesTheCallers) {
   options.environment = std::vector<std::string>{"KVARN_A=1", "KVARN_B=two"};
   const absl::StatusOr<int> status = RunToExit({"/usr/bin/env"}, options, {out});
   EXPECT_TRUE(ExitedWith(status, 0)) << status.status();
-  EXPECT_EQ(ReadAll(out_path), "KVARN_A=1\nKVARN_B=two\n");
+  EXPECT_EQ(it::ReadFile(out_path), "KVARN_A=1\nKVARN_B=two\n");
 }
 
 TEST(SpawnTest, AFailedExecExits127AndSaysWhyOnTheChildsStderr) {
@@ -114,7 +104,7 @@ TEST(SpawnTest, AFailedExecExits127AndSaysWhyOnTheChildsStderr) {
   const std::string missing = dir.path() + "/no-such-program";
   const absl::StatusOr<int> status = RunToExit({missing, "--flag"}, options, {err});
   EXPECT_TRUE(ExitedWith(status, 127)) << status.status();
-  EXPECT_EQ(ReadAll(err_path), "spawn: cannot exec " + missing + ": errno 2 (ENOENT)\n");
+  EXPECT_EQ(it::ReadFile(err_path), "spawn: cannot exec " + missing + ": errno 2 (ENOENT)\n");
 }
 
 TEST(SpawnTest, AnEmptyCommandLineIsRefusedWithoutAFork) {

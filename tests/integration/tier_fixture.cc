@@ -256,11 +256,6 @@ std::string DiskPath(const std::string& dir, const BlockHash& h) {
   return dir + "/" + hex.substr(0, 2) + "/" + hex + ".kvb";
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
-
 void WriteFile(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));

@@ -77,7 +77,6 @@ absl::Status Churn(Session& s, uint32_t* first, int n, size_t tiles = 4);
 
 // The disk tier's file of a block (daemon/tiers/disk_tier.h).
 std::string DiskPath(const std::string& dir, const BlockHash& h);
-std::string ReadFile(const std::string& path);
 void WriteFile(const std::string& path, const std::string& bytes);
 // A valid record of another pool (same secret, another model id: only its fingerprint differs)
 // for block `index` of a chain, with `payload` as its bytes.
