@@ -29,7 +29,7 @@
 namespace kvarn::ring {
 
 inline constexpr uint32_t kMagic = 0x4b565243;  // "KVRC"
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;  // 2: the polling word
 // Token ids one record carries: a decode step commits 1, speculative decoding a few. Larger
 // commits go through CommitBatch.
 inline constexpr uint32_t kRecordTokens = 28;
@@ -49,9 +49,18 @@ struct Header {
   // The client's: records published (a free-running count, mod 2^32).
   alignas(64) std::atomic<uint32_t> tail;
   // The client's: 1 + the CPU it last published from (sched_getcpu), 0 for none. A hint only:
-  // the daemon drains the ring's batches on that CPU when it may run there, where the staged
-  // K/V the commit checks are still in that core's caches (docs/commit_ring.md).
+  // the daemon drains the ring's batches on that CPU when it may run there, where the client
+  // waits for them (docs/commit_ring.md). 0 (a client that publishes commits one by one while
+  // it stages the next, CommitRing::Publish) lets the drain thread run on any CPU of its mask,
+  // beside the client, and watch the tail for a while after each batch (`polling`).
   std::atomic<uint32_t> cpu;
+  // The daemon's: nonzero while the drain thread watches this ring's tail without waiting
+  // for its doorbell (after a batch published with no CPU hint, for up to kvarnd's
+  // ring_poll_us). A client that stored its tail and then (after a seq_cst fence) reads
+  // nonzero may skip the doorbell: the daemon clears the word, fences, and looks at the tail
+  // once more before it sleeps. A hint only: a client that scribbles it delays its own
+  // commits, no one else's.
+  alignas(64) std::atomic<uint32_t> polling;
   // The daemon's: records completed (a free-running count); the futex word clients wait on.
   alignas(64) std::atomic<uint32_t> done;
   // The daemon's: nonzero (an absl::StatusCode) once the daemon stopped serving this ring,
@@ -103,6 +112,15 @@ inline constexpr size_t SegmentBytes(uint32_t capacity) {
 inline void CopyOut(void* dst, const void* src, size_t n) {
   std::memcpy(dst, src, n);
   asm volatile("" ::: "memory");
+}
+
+// One step of a spin-wait loop: tells the core this thread is spinning.
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
 }
 
 // Futex operations on a word of a shared mapping (not FUTEX_PRIVATE: the waiter and the

@@ -306,9 +306,27 @@ SequenceTable Session::RememberLocked(uint64_t seq, const v1::BlockTable& table)
   return st.table;
 }
 
+absl::Status Session::CheckNotInRing(uint64_t seq, const SeqState& st) {
+  if (!st.in_ring) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("sequence ", seq, " has a ring commit in flight: CommitRing::Collect it first"));
+}
+
+void Session::EndRingFlight(std::span<const uint64_t> seqs) {
+  MutexLock lock(&mu_);
+  for (uint64_t q : seqs) {
+    if (auto it = seqs_.find(q); it != seqs_.end()) it->second.in_ring = false;
+  }
+}
+
 absl::StatusOr<SequenceTable> Session::RememberCommit(uint64_t seq, const ring::Completion& c) {
   MutexLock lock(&mu_);
-  SeqState& st = seqs_[seq];
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " was released while its ring commit was in flight"));
+  }
+  SeqState& st = it->second;
+  st.in_ring = false;
   SequenceTable& t = st.table;
   if (c.sealed != 0) {
     if (c.quant_blocks == t.quant_blocks.size() + 1) {
@@ -362,6 +380,7 @@ absl::Status Session::Stage(uint64_t seq, int n, const void* keys, const void* v
     MutexLock lock(&mu_);
     auto it = seqs_.find(seq);
     if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
+    if (absl::Status f = CheckNotInRing(seq, it->second); !f.ok()) return f;
     slot = TailBase() + static_cast<size_t>(it->second.table.tail_slot) * layout_.fp16_block_bytes();
     first = static_cast<int>(it->second.table.tail_tokens) + it->second.staged;
   }
@@ -396,6 +415,7 @@ absl::Status Session::MarkStaged(uint64_t seq, int n) {
   MutexLock lock(&mu_);
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
+  if (absl::Status f = CheckNotInRing(seq, it->second); !f.ok()) return f;
   const int first = static_cast<int>(it->second.table.tail_tokens) + it->second.staged;
   if (n < 1 || first + n > layout_.tile_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("tokens [", first, ", ", first + n, ") do not fit a ",
@@ -410,6 +430,7 @@ absl::StatusOr<AppendInfo> Session::Commit(uint64_t seq, std::span<const uint32_
     MutexLock lock(&mu_);
     auto it = seqs_.find(seq);
     if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
+    if (absl::Status f = CheckNotInRing(seq, it->second); !f.ok()) return f;
     if (static_cast<int>(ids.size()) != it->second.staged) {
       return absl::InvalidArgumentError(absl::StrCat(ids.size(), " token ids for ", it->second.staged, " staged tokens"));
     }
@@ -451,6 +472,10 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> Session::CommitBatch(
       auto it = seqs_.find(seq);
       if (it == seqs_.end()) {
         out[i] = absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
+        continue;
+      }
+      if (absl::Status f = CheckNotInRing(seq, it->second); !f.ok()) {
+        out[i] = f;
         continue;
       }
       if (static_cast<int>(ids.size()) != it->second.staged) {
@@ -531,6 +556,7 @@ absl::StatusOr<std::pair<uint8_t*, int>> Session::TailSlot(uint64_t seq) const {
   MutexLock lock(&mu_);
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
+  if (absl::Status f = CheckNotInRing(seq, it->second); !f.ok()) return f;
   return std::make_pair(TailBase() + static_cast<size_t>(it->second.table.tail_slot) * layout_.fp16_block_bytes(),
                         static_cast<int>(it->second.table.tail_tokens) + it->second.staged);
 }

@@ -265,7 +265,12 @@ class Session {
   struct SeqState {
     SequenceTable table;
     int staged = 0;
+    // A ring commit of it is published and not yet collected (CommitRing::Publish): where
+    // the next token goes depends on its outcome.
+    bool in_ring = false;
   };
+  // FAILED_PRECONDITION while `st` has a ring commit in flight.
+  static absl::Status CheckNotInRing(uint64_t seq, const SeqState& st);
   Session(Client* client, const v1::OpenSessionResponse& open, const Preset& preset);
   absl::Status MapPool();
   // FAILED_PRECONDITION unless the pool is mapped (a remote session has none).
@@ -274,9 +279,12 @@ class Session {
   // Records the daemon's table (merging one with omitted blocks) and returns the full table.
   SequenceTable Remember(uint64_t seq, const v1::BlockTable& table) ABSL_LOCKS_EXCLUDED(mu_);
   SequenceTable RememberLocked(uint64_t seq, const v1::BlockTable& table) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Records a ring commit's result (the table's block ids change only when it sealed);
-  // INTERNAL when it does not follow the table held.
+  // Records a ring commit's result (the table's block ids change only when it sealed) and
+  // ends its flight; INTERNAL when it does not follow the table held, FAILED_PRECONDITION
+  // when the sequence was released meanwhile.
   absl::StatusOr<SequenceTable> RememberCommit(uint64_t seq, const ring::Completion& c) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends the flight of ring commits that failed or whose outcome is unknown.
+  void EndRingFlight(std::span<const uint64_t> seqs) ABSL_LOCKS_EXCLUDED(mu_);
   grpc::ClientContext* Prepare(grpc::ClientContext* ctx) const;
   absl::Status Check(const grpc::Status& s);
   // Bases of the mapped slabs, host or device.

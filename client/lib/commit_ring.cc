@@ -17,14 +17,6 @@ namespace {
 // thread answers within its poll period (or at once, when it takes the records).
 constexpr absl::Duration kEndedSessionGrace = absl::Seconds(2);
 
-inline void Pause() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CommitRing>> Session::OpenCommitRing() { return CommitRing::Open(this); }
@@ -64,7 +56,7 @@ absl::Status CommitRing::WaitFor(uint32_t target) {
   const auto done = [&] { return h->done.load(std::memory_order_acquire) == target; };
   const auto spin_until = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(spin_);
   while (spin_ > absl::ZeroDuration() && !done() && h->broken.load(std::memory_order_acquire) == 0) {
-    for (int i = 0; i < 64; ++i) Pause();
+    for (int i = 0; i < 64; ++i) ring::CpuRelax();
     if (std::chrono::steady_clock::now() >= spin_until) break;
   }
   absl::Time deadline = absl::Now() + session_->client_->options().rpc_timeout;
@@ -96,12 +88,87 @@ absl::Status CommitRing::WaitFor(uint32_t target) {
   }
 }
 
+void CommitRing::WriteRecord(uint64_t sequence, std::span<const uint32_t> ids) {
+  ring::Record r{};
+  r.sequence = sequence;
+  r.tokens = static_cast<uint32_t>(ids.size());
+  std::copy(ids.begin(), ids.end(), r.ids);
+  std::memcpy(memory_.data() + ring::RecordsOffset() + size_t{tail_ & (capacity_ - 1)} * sizeof(ring::Record), &r,
+              sizeof(r));
+  ++tail_;
+}
+
+absl::Status CommitRing::PublishTail(uint32_t cpu_hint, bool always_ring) {
+  ring::Header* h = header();
+  h->cpu.store(cpu_hint, std::memory_order_relaxed);
+  h->tail.store(tail_, std::memory_order_release);
+  if (!always_ring) {
+    // No doorbell is needed while the drain thread is sure to look at the tail again: while
+    // it watches the ring (`polling` set), and while it has not completed the records of the
+    // last doorbell (after completing a batch it looks at the tail once more). The fence pairs
+    // with the thread's between clearing `polling` (or storing `done`) and that look: it sees
+    // this tail, or this sees `polling` cleared (`done` stored) and rings.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (h->polling.load(std::memory_order_relaxed) != 0) return absl::OkStatus();
+    if (static_cast<int32_t>(rung_at_ - h->done.load(std::memory_order_relaxed)) > 0) return absl::OkStatus();
+  }
+  rung_at_ = tail_;
+  const uint64_t one = 1;
+  if (write(doorbell_.get(), &one, sizeof(one)) != sizeof(one)) {
+    unusable_ = absl::InternalError(absl::StrCat("the ring's doorbell failed: ", strerror(errno)));
+    return unusable_;
+  }
+  doorbells_.fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitRing::Await(uint32_t first,
+                                                                            std::span<const uint64_t> seqs) {
+  if (absl::Status w = WaitFor(first + static_cast<uint32_t>(seqs.size())); !w.ok()) {
+    unusable_ = w;
+    session_->EndRingFlight(seqs);
+    return w;
+  }
+  std::vector<absl::StatusOr<AppendInfo>> out;
+  out.reserve(seqs.size());
+  absl::Status call;  // the session's own error, when kvarnd gave one
+  const uint8_t* completions = memory_.data() + ring::CompletionsOffset(capacity_);
+  for (size_t k = 0; k < seqs.size(); ++k) {
+    const uint32_t pos = first + static_cast<uint32_t>(k);
+    ring::Completion c;
+    ring::CopyOut(&c, completions + size_t{pos & (capacity_ - 1)} * sizeof(ring::Completion), sizeof(c));
+    if (c.position != pos || c.message_bytes > ring::kMessageBytes) {
+      out.push_back(absl::InternalError("kvarnd's ring completion does not answer this commit"));
+    } else if (c.code != 0) {
+      const absl::Status st(static_cast<absl::StatusCode>(c.code), std::string(c.message, c.message_bytes));
+      if (c.call != 0 && call.ok()) call = st;  // as CommitBatch's outer status
+      out.push_back(st);
+    } else {
+      auto table = session_->RememberCommit(seqs[k], c);
+      if (table.ok()) {
+        out.push_back(AppendInfo{std::move(*table), c.sealed != 0});
+      } else {
+        out.push_back(table.status());
+      }
+      continue;
+    }
+    session_->EndRingFlight(seqs.subspan(k, 1));
+  }
+  if (!call.ok()) return call;
+  return out;
+}
+
 absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitRing::Commit(
     const std::vector<std::pair<uint64_t, std::vector<uint32_t>>>& items) {
   std::vector<absl::StatusOr<AppendInfo>> out(items.size(), absl::UnknownError("not sent"));
   std::vector<size_t> sent;  // items in the ring, by their index in `items`
+  std::vector<uint64_t> seqs;
   MutexLock lock(&mu_);
   if (!unusable_.ok()) return unusable_;
+  if (!published_.empty()) {
+    return absl::FailedPreconditionError("published ring commits await Collect: Collect them before Commit");
+  }
+  const uint32_t first = tail_;
   {
     MutexLock s(&session_->mu_);
     for (size_t i = 0; i < items.size(); ++i) {
@@ -122,62 +189,83 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitRing::Commit(
       }
       sent.push_back(i);
     }
+    if (sent.empty()) return out;
+    if (sent.size() > capacity_) {
+      return absl::ResourceExhaustedError(absl::StrCat("a batch of ", sent.size(), " commits exceeds the ring's ", capacity_,
+                                                       " records: split it or use CommitBatch"));
+    }
+    for (size_t i : sent) {
+      WriteRecord(items[i].first, items[i].second);
+      session_->seqs_[items[i].first].in_ring = true;
+      seqs.push_back(items[i].first);
+    }
   }
-  if (sent.empty()) return out;
-  if (sent.size() > capacity_) {
-    return absl::ResourceExhaustedError(absl::StrCat("a batch of ", sent.size(), " commits exceeds the ring's ", capacity_,
-                                                     " records: split it or use CommitBatch"));
-  }
-  ring::Header* h = header();
-  uint8_t* records = memory_.data() + ring::RecordsOffset();
-  for (size_t k = 0; k < sent.size(); ++k) {
-    const auto& [seq, ids] = items[sent[k]];
-    ring::Record r{};
-    r.sequence = seq;
-    r.tokens = static_cast<uint32_t>(ids.size());
-    std::copy(ids.begin(), ids.end(), r.ids);
-    std::memcpy(records + size_t{(tail_ + k) & (capacity_ - 1)} * sizeof(ring::Record), &r, sizeof(r));
-  }
-  const uint32_t first = tail_;
-  const uint32_t target = tail_ + static_cast<uint32_t>(sent.size());
-  tail_ = target;
   const int cpu = sched_getcpu();
-  h->cpu.store(cpu >= 0 ? static_cast<uint32_t>(cpu) + 1 : 0, std::memory_order_relaxed);
-  h->tail.store(target, std::memory_order_release);
-  const uint64_t one = 1;
-  if (write(doorbell_.get(), &one, sizeof(one)) != sizeof(one)) {
-    unusable_ = absl::InternalError(absl::StrCat("the ring's doorbell failed: ", strerror(errno)));
+  if (absl::Status p = PublishTail(cpu >= 0 ? static_cast<uint32_t>(cpu) + 1 : 0, /*always_ring=*/true); !p.ok()) {
+    session_->EndRingFlight(seqs);
+    return p;
+  }
+  auto answers = Await(first, seqs);
+  if (!answers.ok()) return answers.status();
+  for (size_t k = 0; k < sent.size(); ++k) out[sent[k]] = std::move((*answers)[k]);
+  return out;
+}
+
+absl::Status CommitRing::Publish(uint64_t sequence, std::span<const uint32_t> ids) {
+  MutexLock lock(&mu_);
+  absl::Status refused = unusable_;
+  if (refused.ok()) {
+    MutexLock s(&session_->mu_);
+    auto it = session_->seqs_.find(sequence);
+    if (it == session_->seqs_.end()) {
+      refused = absl::NotFoundError(absl::StrCat("no sequence ", sequence, " in this session"));
+    } else if (absl::Status f = Session::CheckNotInRing(sequence, it->second); !f.ok()) {
+      refused = f;
+    } else if (static_cast<int>(ids.size()) != it->second.staged) {
+      refused = absl::InvalidArgumentError(absl::StrCat(ids.size(), " token ids for ", it->second.staged, " staged tokens"));
+    } else if (ids.size() > ring::kRecordTokens) {
+      refused = absl::InvalidArgumentError(absl::StrCat("a ring commit carries at most ", ring::kRecordTokens,
+                                                        " tokens, not ", ids.size(), ": use CommitBatch"));
+    } else if (in_ring_ == capacity_) {
+      refused = absl::ResourceExhaustedError(
+          absl::StrCat("the ring's ", capacity_, " records all await Collect: Collect before publishing more"));
+    } else {
+      WriteRecord(sequence, ids);
+      it->second.in_ring = true;
+    }
+  }
+  published_.push_back({sequence, refused});
+  if (!refused.ok()) return refused;
+  ++in_ring_;
+  return PublishTail(/*cpu_hint=*/0, /*always_ring=*/false);
+}
+
+absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitRing::Collect() {
+  MutexLock lock(&mu_);
+  std::vector<Published> published;
+  published.swap(published_);
+  std::vector<uint64_t> seqs;
+  for (const Published& p : published) {
+    if (p.refused.ok()) seqs.push_back(p.sequence);
+  }
+  const uint32_t first = tail_ - in_ring_;
+  in_ring_ = 0;
+  if (seqs.empty()) {
+    std::vector<absl::StatusOr<AppendInfo>> out;
+    for (Published& p : published) out.push_back(std::move(p.refused));
+    return out;
+  }
+  if (!unusable_.ok()) {
+    // A doorbell that failed after its record went in: the flights end, the outcome unknown.
+    session_->EndRingFlight(seqs);
     return unusable_;
   }
-  if (absl::Status w = WaitFor(target); !w.ok()) {
-    unusable_ = w;
-    return w;
-  }
-  const uint8_t* completions = memory_.data() + ring::CompletionsOffset(capacity_);
-  for (size_t k = 0; k < sent.size(); ++k) {
-    const uint32_t pos = first + static_cast<uint32_t>(k);
-    ring::Completion c;
-    ring::CopyOut(&c, completions + size_t{pos & (capacity_ - 1)} * sizeof(ring::Completion), sizeof(c));
-    const size_t i = sent[k];
-    if (c.position != pos || c.message_bytes > ring::kMessageBytes) {
-      out[i] = absl::InternalError("kvarnd's ring completion does not answer this commit");
-      continue;
-    }
-    if (c.code != 0 && c.call != 0) {
-      // The session's own error: the call's status, as CommitBatch gives it.
-      return absl::Status(static_cast<absl::StatusCode>(c.code), std::string(c.message, c.message_bytes));
-    }
-    if (c.code != 0) {
-      out[i] = absl::Status(static_cast<absl::StatusCode>(c.code), std::string(c.message, c.message_bytes));
-      continue;
-    }
-    auto table = session_->RememberCommit(items[i].first, c);
-    if (!table.ok()) {
-      out[i] = table.status();
-      continue;
-    }
-    out[i] = AppendInfo{std::move(*table), c.sealed != 0};
-  }
+  auto answers = Await(first, seqs);
+  if (!answers.ok()) return answers.status();
+  std::vector<absl::StatusOr<AppendInfo>> out;
+  out.reserve(published.size());
+  size_t k = 0;
+  for (Published& p : published) out.push_back(p.refused.ok() ? std::move((*answers)[k++]) : std::move(p.refused));
   return out;
 }
 

@@ -27,13 +27,41 @@
 // message. When this client sees its session end mid-batch it waits up to 2 s more for that
 // verdict, then gives NOT_FOUND itself.
 //
-// Thread safety: Commit may be called from any thread; calls are serialized (one producer).
+// Pipelined commits, for a worker that stages sequence by sequence: Publish each sequence's
+// commit as soon as it is staged, and kvarnd checks and applies it while this thread stages
+// the next ones; Collect then waits for them all:
+//
+//   for (auto& [seq, ids] : items) {
+//     (*session)->Stage(seq, 1, k, v, DType::kF16);
+//     (*ring)->Publish(seq, ids);
+//   }
+//   auto results = (*ring)->Collect();   // one per Publish, in order, as Commit's
+//
+// Publish checks the item as Commit does (NOT_FOUND, INVALID_ARGUMENT), and refuses it with
+// FAILED_PRECONDITION while the sequence has a commit in flight and RESOURCE_EXHAUSTED while
+// capacity() commits await Collect. A refused item writes nothing; its status is also its
+// entry in Collect's result. Between its Publish and Collect a sequence is in flight: Stage,
+// MarkStaged, TailSlot, Commit and CommitBatch of it fail FAILED_PRECONDITION (where its next
+// token goes depends on the commit's outcome), and Commit refuses to run while Publishes
+// await Collect. Collect's outer status is as Commit's (the session's errors, a deadline, a
+// closed ring); the sequences' flights end either way.
+//
+// Publish names no CPU in the ring's header: kvarnd's drain thread then runs on another CPU
+// of its mask, beside this one, and after each batch watches the ring for the next record a
+// while (kvarnd's ring_watch_us) instead of sleeping, so Publish rings the doorbell only when
+// the thread has stopped watching. Commit names its CPU, where the thread then drains the
+// batch this thread waits for.
+//
+// Thread safety: Commit, Publish and Collect may be called from any thread; calls are
+// serialized (one producer).
 // REQUIRES: the Session outlives its CommitRing; the session's pool is mapped (a Unix socket
 // target; a remote session has no ring).
 #ifndef KVARN_CLIENT_LIB_COMMIT_RING_H_
 #define KVARN_CLIENT_LIB_COMMIT_RING_H_
 
+#include <atomic>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -65,13 +93,21 @@ class CommitRing {
   // Commits the staged tokens of many sequences, as Session::CommitBatch: the outer status is
   // the call's (the session's errors, the ring's limits above), then one status per item.
   absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> Commit(
-      const std::vector<std::pair<uint64_t, std::vector<uint32_t>>>& items);
+      const std::vector<std::pair<uint64_t, std::vector<uint32_t>>>& items) ABSL_LOCKS_EXCLUDED(mu_);
+  // Publishes one sequence's staged tokens for kvarnd to commit now (above); OK once the
+  // record is in the ring, else why it is not.
+  absl::Status Publish(uint64_t sequence, std::span<const uint32_t> ids) ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits for every commit published since the last Collect; one status per Publish, in order.
+  absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> Collect() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The ring's shared memory and doorbell, for tests that play a client scribbling on its own
   // ring.
   uint8_t* raw_memory() const { return memory_.data(); }
   size_t raw_bytes() const { return memory_.size(); }
   int doorbell_fd() const { return doorbell_.get(); }
+  // Doorbells this ring rang (Commit rings once per call; Publish only when kvarnd was not
+  // watching the ring).
+  uint64_t doorbells() const { return doorbells_.load(std::memory_order_relaxed); }
 
  private:
   CommitRing(Session* session, FdMapping memory, UniqueFd doorbell, uint32_t capacity)
@@ -79,6 +115,17 @@ class CommitRing {
   ring::Header* header() const { return reinterpret_cast<ring::Header*>(memory_.data()); }
   // Waits until kvarnd completed every record before `target`; OK, or why not.
   absl::Status WaitFor(uint32_t target) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes a record at tail_ (not yet published) and advances tail_.
+  void WriteRecord(uint64_t sequence, std::span<const uint32_t> ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Publishes the records before tail_, naming `cpu_hint` (1 + a CPU, 0 for none) in the
+  // header; rings the doorbell always, or only when kvarnd is not watching the ring.
+  absl::Status PublishTail(uint32_t cpu_hint, bool always_ring) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for the records [first, first + seqs.size()) of `seqs` (in order) and reads their
+  // completions: the session's own error as the call's status, else one result per record.
+  // Every sequence's flight ends, whatever the outcome; the ring is unusable after a failed
+  // wait.
+  absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> Await(uint32_t first, std::span<const uint64_t> seqs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Session* const session_;
   const FdMapping memory_;
@@ -86,8 +133,18 @@ class CommitRing {
   const uint32_t capacity_;
   Mutex mu_;
   uint32_t tail_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t rung_at_ ABSL_GUARDED_BY(mu_) = 0;  // tail_ when the doorbell last rang
+  // Publish's items since the last Collect, in order: a refused one holds its status; the
+  // published ones are the records [tail_ - in_ring, tail_).
+  struct Published {
+    uint64_t sequence;
+    absl::Status refused;
+  };
+  std::vector<Published> published_ ABSL_GUARDED_BY(mu_);
+  uint32_t in_ring_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status unusable_ ABSL_GUARDED_BY(mu_);
   absl::Duration spin_ ABSL_GUARDED_BY(mu_) = absl::Microseconds(60);
+  std::atomic<uint64_t> doorbells_{0};
 };
 
 }  // namespace kvarn

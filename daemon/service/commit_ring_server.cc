@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <span>
@@ -38,6 +39,7 @@ struct CommitRingServer::Ring {
   // The daemon's own head: records consumed. Never read from the shared segment.
   uint32_t head = 0;
   bool broken = false;
+  bool hot = false;  // in Serve's watch list, its `polling` word set
   ring::Header* header() const { return reinterpret_cast<ring::Header*>(memory.data()); }
   const uint8_t* record(uint32_t pos) const {
     return memory.data() + ring::RecordsOffset() + size_t{pos & (capacity - 1)} * sizeof(ring::Record);
@@ -128,6 +130,7 @@ void CommitRingServer::Stop() {
 
 void CommitRingServer::Serve() {
   std::vector<SessionId> ready, round;
+  std::vector<std::shared_ptr<Ring>> hot;
   epoll_event events[64];
   uint64_t ended_seen = core_->sessions_ended();
   cpu_set_t allowed;
@@ -135,9 +138,10 @@ void CommitRingServer::Serve() {
   if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) CPU_ZERO(&allowed);  // follows nothing
   int pinned = -1;
   for (;;) {
+    if (ready.empty() && !hot.empty()) Watch(&hot, &ready);
     const int timeout_ms = ready.empty() ? static_cast<int>(absl::ToInt64Milliseconds(options_.poll)) : 0;
     const int n = epoll_wait(epoll_.get(), events, 64, timeout_ms);
-    if (stopped_.load()) return;
+    if (stopped_.load()) break;
     for (int i = 0; i < n; ++i) {
       const SessionId id = events[i].data.u64;
       if (id == kWakeTag) continue;
@@ -163,14 +167,50 @@ void CommitRingServer::Serve() {
         if (it != rings_.end()) r = it->second;
       }
       if (r == nullptr || r->broken) continue;
-      if (options_.follow_client_cpu) FollowCpu(*r, allowed, &pinned);
+      const uint32_t hint = r->header()->cpu.load(std::memory_order_relaxed);
+      if (options_.follow_client_cpu) FollowCpu(hint, allowed, &pinned);
       if (Drain(*r)) ready.push_back(id);
+      // A client that names no CPU publishes its commits one by one as it stages them: watch
+      // for the next rather than sleep until its doorbell.
+      if (hint == 0 && options_.watch > absl::ZeroDuration() && !r->broken && !r->hot) {
+        r->hot = true;
+        r->header()->polling.store(1, std::memory_order_relaxed);
+        hot.push_back(std::move(r));
+      }
     }
     if (const uint64_t ended = core_->sessions_ended(); ended != ended_seen) {
       ended_seen = ended;
       Sweep();
     }
   }
+  for (auto& r : hot) r->header()->polling.store(0, std::memory_order_relaxed);
+}
+
+void CommitRingServer::Watch(std::vector<std::shared_ptr<Ring>>* hot, std::vector<SessionId>* ready) {
+  const auto pending = [](const Ring& r) {
+    return !r.broken && r.header()->tail.load(std::memory_order_acquire) != r.head;
+  };
+  const auto until = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(options_.watch);
+  for (;;) {
+    for (const auto& r : *hot) {
+      if (pending(*r)) ready->push_back(r->ref.session);
+    }
+    if (!ready->empty() || stopped_.load(std::memory_order_relaxed)) return;
+    if (std::chrono::steady_clock::now() >= until) break;
+    for (int i = 0; i < 16; ++i) ring::CpuRelax();
+  }
+  // Going to sleep: clear `polling`, then look at each tail once more. A client stores its
+  // tail, fences, then reads `polling`: either this look sees its records or it sees 0 and
+  // rings the doorbell.
+  for (const auto& r : *hot) {
+    r->header()->polling.store(0, std::memory_order_relaxed);
+    r->hot = false;
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  for (const auto& r : *hot) {
+    if (pending(*r)) ready->push_back(r->ref.session);
+  }
+  hot->clear();
 }
 
 bool CommitRingServer::Drain(Ring& r) {
@@ -236,13 +276,21 @@ bool CommitRingServer::Drain(Ring& r) {
     Break(r, results.status());  // the session is gone; Sweep drops the ring
     return false;
   }
+  // A client that saw `done` short of its last doorbell's records skipped the doorbell: this
+  // look (after the fence; the client fences between its tail and its look at `done`) sees
+  // what it published then.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   return h->tail.load(std::memory_order_relaxed) != r.head;
 }
 
-void CommitRingServer::FollowCpu(const Ring& r, const cpu_set_t& allowed, int* pinned) {
+void CommitRingServer::FollowCpu(uint32_t hint, const cpu_set_t& allowed, int* pinned) {
   // The hint is the client's to write: anything but a CPU of the thread's own mask is ignored.
-  const uint32_t hint = r.header()->cpu.load(std::memory_order_relaxed);
-  if (hint == 0 || hint > CPU_SETSIZE) return;
+  if (hint == 0) {
+    // A pipelining client: the thread runs beside it, on any CPU of its mask.
+    if (*pinned >= 0 && sched_setaffinity(0, sizeof(allowed), &allowed) == 0) *pinned = -1;
+    return;
+  }
+  if (hint > CPU_SETSIZE) return;
   const int cpu = static_cast<int>(hint - 1);
   if (cpu == *pinned || !CPU_ISSET(cpu, &allowed)) return;
   cpu_set_t one;

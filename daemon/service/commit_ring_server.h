@@ -54,6 +54,12 @@ class CommitRingServer {
     // the staged K/V the commit scans are read from that core's caches, and the client's
     // next doorbell wakes it there.
     bool follow_client_cpu = true;
+    // After a batch its client published with no CPU hint (CommitRing::Publish, commits
+    // published one by one while the client stages the next), the drain thread watches that
+    // ring's tail this long before it sleeps, with the header's `polling` word set so the
+    // client need not ring the doorbell; a batch with a hint moves the thread back to any
+    // CPU of its mask first. Zero: the thread always sleeps on the doorbells.
+    absl::Duration watch = absl::Microseconds(50);
   };
   static absl::StatusOr<std::unique_ptr<CommitRingServer>> Start(KvCore* core, Options options,
                                                                  RpcObserver* observer = nullptr);
@@ -94,9 +100,14 @@ class CommitRingServer {
   void Break(Ring& r, const absl::Status& why);
   // Drops the rings of ended sessions.
   void Sweep();
-  // With follow_client_cpu: moves the drain thread to r's client's CPU, if the hint names one
-  // of `allowed` other than `*pinned` (the thread's CPU since its last move, -1 before).
-  void FollowCpu(const Ring& r, const cpu_set_t& allowed, int* pinned);
+  // With follow_client_cpu: moves the drain thread to the CPU `hint` names (1 + its number),
+  // if it is one of `allowed` other than `*pinned` (the thread's CPU since its last move, -1
+  // when it may run on any of `allowed`); hint 0 lets it run on any of `allowed` again.
+  void FollowCpu(uint32_t hint, const cpu_set_t& allowed, int* pinned);
+  // Watches the tails of `hot` rings (their `polling` word set) for up to options_.watch:
+  // returns as soon as one has records (added to `ready`, the rings stay hot), or the time
+  // passes (their `polling` cleared, then each tail looked at once more; `hot` emptied).
+  void Watch(std::vector<std::shared_ptr<Ring>>* hot, std::vector<SessionId>* ready);
 
   KvCore* const core_;
   const Options options_;

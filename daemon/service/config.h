@@ -40,6 +40,7 @@ struct DaemonConfig {
   // Commit rings: drain each ring's batches on the CPU its client last committed from, when
   // kvarnd may run there (docs/commit_ring.md).
   bool ring_follow_cpu = true;
+  absl::Duration ring_watch = absl::Microseconds(50);  // drain thread's watch after a pipelined batch
   // Memory the daemon spends on requests (docs/daemon.md, "Bounded memory"):
   int max_message_mb = 0;                   // gRPC message limit, MiB; 0: derived from the layout
   uint64_t max_read_bytes = 4ull << 20;     // one Read reply's K/V

@@ -340,7 +340,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const DaemonConfig& config
   if (!config.listen.empty()) {
     chmod(config.listen.c_str(), config.socket_mode);
     // Commit rings live in shared memory, so only local clients (the descriptor channel) get them.
-    auto rings = CommitRingServer::Start(s->core_.get(), {.follow_client_cpu = config.ring_follow_cpu}, s->metrics_.get());
+    auto rings = CommitRingServer::Start(s->core_.get(), {.follow_client_cpu = config.ring_follow_cpu, .watch = config.ring_watch}, s->metrics_.get());
     if (!rings.ok()) return rings.status();
     s->rings_ = std::move(*rings);
     DescriptorServer::Options d;

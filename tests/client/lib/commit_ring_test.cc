@@ -75,15 +75,18 @@ class CommitRingTest : public ::testing::Test {
     return {std::move(*ring), q};
   }
 
+  void SameStateAsCommitBatch(bool pipelined);
+
   std::unique_ptr<InProcessDaemon> h_;
   std::unique_ptr<Client> client_, unmapped_;
   std::vector<std::unique_ptr<Session>> sessions_;
 };
 
 // Two tenants (so no block is shared between them) append the same K/V, one by CommitBatch,
-// one by its ring, in steps of 1 and 3 tokens over two tiles and a part: every result, every
-// sealed block's bytes and every Read agree.
-TEST_F(CommitRingTest, RingCommitsTheSameStateAsCommitBatch) {
+// one by its ring (Commit, or Publish after each Stage and Collect when `pipelined`), in steps
+// of 1 and 3 tokens over two tiles and a part: every result, every sealed block's bytes and
+// every Read agree.
+void CommitRingTest::SameStateAsCommitBatch(bool pipelined) {
   Session* a = Open("tenant-a");
   Session* b = Open("tenant-b");
   auto ring = b->OpenCommitRing();
@@ -101,12 +104,15 @@ TEST_F(CommitRingTest, RingCommitsTheSameStateAsCommitBatch) {
       const std::vector<uint32_t> ids = TestTokenIds(token, n);
       ASSERT_TRUE(a->Stage(qa[i], n, kv.data(), kv.data(), DType::kF32).ok());
       ASSERT_TRUE(b->Stage(qb[i], n, kv.data(), kv.data(), DType::kF32).ok());
+      if (pipelined) {
+        ASSERT_TRUE((*ring)->Publish(qb[i], ids).ok());
+      }
       ia.push_back({qa[i], ids});
       ib.push_back({qb[i], ids});
     }
     token += 1;
     auto ra = a->CommitBatch(ia);
-    auto rb = (*ring)->Commit(ib);
+    auto rb = pipelined ? (*ring)->Collect() : (*ring)->Commit(ib);
     ASSERT_TRUE(ra.ok() && rb.ok()) << ra.status() << " " << rb.status();
     for (size_t i = 0; i < qa.size(); ++i) {
       ASSERT_TRUE((*ra)[i].ok() && (*rb)[i].ok()) << (*ra)[i].status() << " " << (*rb)[i].status();
@@ -138,6 +144,161 @@ TEST_F(CommitRingTest, RingCommitsTheSameStateAsCommitBatch) {
     }
   }
   EXPECT_EQ(h_->calls("AppendBatch"), static_cast<int>(token));  // the ring took no RPC
+}
+
+TEST_F(CommitRingTest, RingCommitsTheSameStateAsCommitBatch) { SameStateAsCommitBatch(false); }
+TEST_F(CommitRingTest, PipelinedCommitsGiveTheSameStateAsCommitBatch) { SameStateAsCommitBatch(true); }
+
+// Without the drain thread's watch, Publish rings the doorbell only when kvarnd has completed
+// the records of its last one (kvarnd looks at the tail again after each batch): many steps
+// of pipelined commits, every one collected, with fewer doorbells than commits.
+TEST(CommitRingUnwatchedTest, PipelinedCommitsAllCompleteWithoutTheWatch) {
+  InProcessDaemon h;
+  InProcessDaemon::Options o;
+  o.ring_watch = absl::ZeroDuration();
+  ASSERT_TRUE(h.Start(o).ok());
+  auto c = Client::Connect(h.target(), {}, absl::Seconds(10));
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto d = (*c)->Describe();
+  ASSERT_TRUE(d.ok());
+  SessionOptions so;
+  so.tenant = "a";
+  so.layout = Client::LayoutOf(*d);
+  so.max_sequences = 8;  // the pool's 8 sink blocks: every sequence seals its first tile
+  auto s = (*c)->OpenSession(so);
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto ring = (*s)->OpenCommitRing();
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  std::vector<uint64_t> q;
+  for (int i = 0; i < 8; ++i) q.push_back((*s)->CreateSequence({})->id);
+  const std::vector<float> kv = TestKv(1, 4);
+  constexpr int kSteps = 100;
+  for (int step = 0; step < kSteps; ++step) {
+    for (size_t i = 0; i < q.size(); ++i) {
+      ASSERT_TRUE((*s)->Stage(q[i], 1, kv.data(), kv.data(), DType::kF32).ok());
+      ASSERT_TRUE((*ring)->Publish(q[i], std::vector<uint32_t>{static_cast<uint32_t>(step * 8 + i)}).ok());
+    }
+    auto got = (*ring)->Collect();
+    ASSERT_TRUE(got.ok()) << "step " << step << ": " << got.status();
+    for (const auto& r : *got) ASSERT_TRUE(r.ok()) << "step " << step << ": " << r.status();
+  }
+  for (uint64_t seq : q) EXPECT_EQ(*h.SequenceTokens((*s)->Ref(), seq), static_cast<uint64_t>(kSteps));
+  EXPECT_GE((*ring)->doorbells(), static_cast<uint64_t>(kSteps));  // the first Publish of a step rings
+  EXPECT_LT((*ring)->doorbells(), static_cast<uint64_t>(kSteps * q.size()));
+  ring->reset();
+  s->reset();
+}
+
+// Publish refuses what Commit refuses, with the same codes and messages, and a sequence
+// whose commit is in flight; Collect answers every Publish in order; between the two the
+// sequence cannot be staged, marked, located, or committed another way.
+TEST_F(CommitRingTest, PublishRefusesWhatCommitRefusesAndASequenceInFlight) {
+  Session* s = Open("tenant-a");
+  auto ring = s->OpenCommitRing();
+  ASSERT_TRUE(ring.ok());
+  const std::vector<uint64_t> q = Sequences(s, 3);
+  const std::vector<float> kv = TestKv(1, 5);
+  auto batch = s->CommitBatch({{424242, {1}}, {q[0], {1, 2}}});
+  ASSERT_TRUE(batch.ok());
+  const absl::Status unknown = (*ring)->Publish(424242, std::vector<uint32_t>{1});
+  const absl::Status mismatch = (*ring)->Publish(q[0], std::vector<uint32_t>{1, 2});
+  EXPECT_EQ(unknown.code(), (*batch)[0].status().code());
+  EXPECT_EQ(unknown.message(), (*batch)[0].status().message());
+  EXPECT_EQ(mismatch.code(), (*batch)[1].status().code());
+  EXPECT_EQ(mismatch.message(), (*batch)[1].status().message());
+
+  ASSERT_TRUE(s->Stage(q[1], 1, kv.data(), kv.data(), DType::kF32).ok());
+  ASSERT_TRUE((*ring)->Publish(q[1], std::vector<uint32_t>{7}).ok());
+  const auto in_flight = [&](const absl::Status& st, const char* what) {
+    EXPECT_EQ(st.code(), Code::kFailedPrecondition) << what << ": " << st;
+    EXPECT_NE(st.message().find("in flight"), std::string::npos) << what << ": " << st;
+  };
+  in_flight((*ring)->Publish(q[1], std::vector<uint32_t>{7}), "Publish");
+  in_flight(s->Stage(q[1], 1, kv.data(), kv.data(), DType::kF32), "Stage");
+  in_flight(s->MarkStaged(q[1], 1), "MarkStaged");
+  in_flight(s->TailSlot(q[1]).status(), "TailSlot");
+  in_flight(s->Commit(q[1], std::vector<uint32_t>{7}).status(), "Commit");
+  auto other = s->CommitBatch({{q[1], {7}}});
+  ASSERT_TRUE(other.ok());
+  in_flight((*other)[0].status(), "CommitBatch");
+  auto ring_commit = (*ring)->Commit({{q[2], {1}}});
+  EXPECT_EQ(ring_commit.status().code(), Code::kFailedPrecondition) << "Commit before Collect";
+  // Another sequence is free meanwhile.
+  ASSERT_TRUE(s->Stage(q[2], 1, kv.data(), kv.data(), DType::kF32).ok());
+  ASSERT_TRUE((*ring)->Publish(q[2], std::vector<uint32_t>{9}).ok());
+
+  auto got = (*ring)->Collect();
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 5u);
+  EXPECT_EQ((*got)[0].status(), unknown);
+  EXPECT_EQ((*got)[1].status(), mismatch);
+  ASSERT_TRUE((*got)[2].ok()) << (*got)[2].status();
+  EXPECT_EQ((*got)[2]->table.tokens, 1u);
+  EXPECT_EQ((*got)[3].status().code(), Code::kFailedPrecondition);
+  ASSERT_TRUE((*got)[4].ok()) << (*got)[4].status();
+  EXPECT_EQ((*got)[4]->table.tokens, 1u);
+  EXPECT_EQ(*h_->SequenceTokens(s->Ref(), q[1]), 1u);
+  // Collected: the sequence is free again, and its table is the commit's.
+  EXPECT_EQ(s->Table(q[1])->tokens, 1u);
+  ASSERT_TRUE(s->Stage(q[1], 1, kv.data(), kv.data(), DType::kF32).ok());
+  auto next = (*ring)->Commit({{q[1], {8}}});
+  ASSERT_TRUE(next.ok() && (*next)[0].ok());
+  EXPECT_EQ((*next)[0]->table.tokens, 2u);
+  // Nothing published: Collect answers nothing.
+  auto none = (*ring)->Collect();
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+}
+
+// A published commit kvarnd rejects (NaN the worker wrote itself) comes back from Collect
+// with CommitBatch's code and message, changes nothing, and frees the sequence.
+TEST_F(CommitRingTest, APublishedCommitKvarndRejectsChangesNothing) {
+  Session* s = Open("tenant-a");
+  auto ring = s->OpenCommitRing();
+  ASSERT_TRUE(ring.ok());
+  const uint64_t q = Sequences(s, 1)[0];
+  auto slot = s->TailSlot(q);
+  ASSERT_TRUE(slot.ok());
+  const BlockLayout& l = s->block_layout();
+  const uint16_t nan = 0x7E00;
+  std::memcpy(slot->first + l.Fp16ValuesOffset(1, 0) + static_cast<size_t>(slot->second) * l.head_dim * 2 + 6, &nan, 2);
+  ASSERT_TRUE(s->MarkStaged(q, 1).ok());
+  auto want = s->CommitBatch({{q, {3}}});
+  ASSERT_TRUE(want.ok());
+  ASSERT_EQ((*want)[0].status().code(), Code::kInvalidArgument);
+  ASSERT_TRUE((*ring)->Publish(q, std::vector<uint32_t>{3}).ok());
+  auto got = (*ring)->Collect();
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 1u);
+  EXPECT_EQ((*got)[0].status(), (*want)[0].status());
+  EXPECT_EQ(*h_->SequenceTokens(s->Ref(), q), 0u) << "a rejected commit changes nothing";
+  // The token stays staged (as after CommitBatch's refusal) and the sequence is free.
+  EXPECT_TRUE(s->TailSlot(q).ok());
+  const uint16_t one = 0x3C00;
+  std::memcpy(slot->first + l.Fp16ValuesOffset(1, 0) + static_cast<size_t>(slot->second) * l.head_dim * 2 + 6, &one, 2);
+  ASSERT_TRUE((*ring)->Publish(q, std::vector<uint32_t>{3}).ok());
+  auto fixed = (*ring)->Collect();
+  ASSERT_TRUE(fixed.ok() && (*fixed)[0].ok()) << fixed.status();
+  EXPECT_EQ(*h_->SequenceTokens(s->Ref(), q), 1u);
+}
+
+// The session ending between Publish and Collect: Collect's status is CommitBatch's
+// NOT_FOUND, and the ring is closed.
+TEST_F(CommitRingTest, ASessionEndingBeforeCollectIsItsNotFound) {
+  Session* s = Open("tenant-a");
+  auto [ring, q] = RingWithOneStagedToken(s);
+  ASSERT_NE(ring, nullptr);
+  ASSERT_TRUE(h_->CloseSession(s->Ref()).ok());
+  const absl::Status published = ring->Publish(q, std::vector<uint32_t>{1});
+  auto got = ring->Collect();
+  if (published.ok()) {
+    EXPECT_EQ(got.status().code(), Code::kNotFound) << got.status();
+  } else {
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ((*got)[0].status(), published);
+  }
+  auto again = ring->Commit({{q, {1}}});
+  EXPECT_FALSE(again.ok());
 }
 
 TEST_F(CommitRingTest, ErrorsComeBackWithCommitBatchsCodesAndMessages) {

@@ -17,6 +17,7 @@ absl::Status InProcessDaemon::Start(const Options& options) {
   o.descriptors = options.descriptors;
   o.tcp = options.tcp;
   o.rings = options.rings && options.descriptors;
+  o.ring_options.watch = options.ring_watch;
   o.observer = &impl_->calls;
   return impl_->harness.Start(o);
 }

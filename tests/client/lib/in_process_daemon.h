@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "kvarn/v1/kvarn.pb.h"
 
 namespace kvarn::testing {
@@ -24,6 +25,9 @@ class InProcessDaemon {
     bool descriptors = true;  // the descriptor channel at "<socket>.fd"
     bool tcp = false;         // also 127.0.0.1 on an ephemeral port
     bool rings = true;        // commit rings on the descriptor channel
+    // How long the ring drain thread watches a pipelining client's ring after a batch
+    // (CommitRingServer::Options::watch; kvarnd's ring_watch_us).
+    absl::Duration ring_watch = absl::Microseconds(50);
   };
   InProcessDaemon();
   ~InProcessDaemon();

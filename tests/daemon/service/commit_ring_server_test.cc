@@ -3,7 +3,8 @@
 // session. Promises: the same codes and messages as AppendBatch, garbage and a rejected
 // commit change nothing, a scribbled tail closes only that ring, a session ending mid-batch
 // leaves nothing half-applied, stopping closes every ring with UNAVAILABLE, and the drain
-// thread follows a client's CPU hint only to a CPU of its own mask.
+// thread follows a client's CPU hint only to a CPU of its own mask; a ring whose client names
+// no CPU is watched after its batch, and its `polling` word misleads no one but its client.
 #include <gtest/gtest.h>
 
 #include <sched.h>
@@ -315,6 +316,90 @@ TEST_F(CommitRingServerTest, StopClosesRingsWithUnavailable) {
   EXPECT_EQ(RingOnly(ref).status().code(), Code::kUnavailable);
 }
 
+// A harness with rings whose drain thread watches a ring for `watch` after a batch without a
+// CPU hint.
+absl::Status StartWatching(ServiceHarness& h, absl::Duration watch) {
+  ServiceHarness::Options o;
+  o.descriptors = true;
+  o.rings = true;
+  o.ring_options.watch = watch;
+  return h.Start(o);
+}
+
+// Publishes `r` at the ring's next position without ringing the doorbell; the position.
+uint32_t PublishQuietly(const RawRing& ring, const ring::Record& r) {
+  const uint32_t pos = ring.h()->tail.load();
+  *ring.record(pos) = r;
+  ring.h()->tail.store(pos + 1, std::memory_order_release);
+  return pos;
+}
+
+// A client that names no CPU (a pipelining one) is watched after its batch: it publishes
+// the next record without the doorbell, and the drain thread takes it.
+TEST(CommitRingWatchTest, AWatchedRingIsDrainedWithoutItsDoorbell) {
+  ServiceHarness h;
+  ASSERT_TRUE(StartWatching(h, absl::Seconds(5)).ok());
+  const v1::SessionRef ref = ServiceHarness::RefOf(h.Open("a", 2));
+  ASSERT_TRUE(FetchSessionMemory(h.descriptor_socket(), ref).ok());
+  auto r = TakeRing(h.descriptor_socket(), ref);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const uint64_t seq = h.CreateSequence(ref);
+  r->h()->cpu.store(0);
+  const auto first = r->Commit({Rec(seq, {1})});
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].code, 0) << Message(first[0]);
+  ASSERT_TRUE(WaitFor([&] { return r->h()->polling.load() != 0; })) << "the thread watches the ring";
+  for (uint32_t id = 2; id <= 4; ++id) {
+    const uint32_t pos = PublishQuietly(*r, Rec(seq, {id}));
+    ASSERT_TRUE(WaitFor([&] { return r->h()->done.load() == pos + 1; })) << "record " << id << ", no doorbell";
+    EXPECT_EQ(r->completion(pos)->code, 0) << Message(*r->completion(pos));
+    EXPECT_EQ(r->completion(pos)->tokens, id);
+  }
+}
+
+// The watch ends: the thread clears `polling` before it sleeps, and a client that reads it
+// cleared rings the doorbell, which the thread answers.
+TEST(CommitRingWatchTest, TheWatchEndsWithPollingCleared) {
+  ServiceHarness h;
+  ASSERT_TRUE(StartWatching(h, absl::Milliseconds(100)).ok());
+  const v1::SessionRef ref = ServiceHarness::RefOf(h.Open("a", 2));
+  ASSERT_TRUE(FetchSessionMemory(h.descriptor_socket(), ref).ok());
+  auto r = TakeRing(h.descriptor_socket(), ref);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const uint64_t seq = h.CreateSequence(ref);
+  for (uint32_t id = 1; id <= 3; ++id) {
+    ASSERT_EQ(r->Commit({Rec(seq, {id})}).size(), 1u);  // rings the doorbell
+    ASSERT_TRUE(WaitFor([&] { return r->h()->polling.load() != 0; })) << "the watch never began";
+    ASSERT_TRUE(WaitFor([&] { return r->h()->polling.load() == 0; })) << "the watch never ended";
+  }
+  EXPECT_EQ(h.core().Table(CoreRef(ref), seq)->tokens, 3u);
+}
+
+// `polling` is the client's to scribble: set by a client whose ring is not watched (watch
+// off), it delays only that client's records (until its doorbell), never a neighbour's.
+TEST(CommitRingWatchTest, AScribbledPollingWordDelaysOnlyItsOwnRing) {
+  ServiceHarness h;
+  ASSERT_TRUE(StartWatching(h, absl::ZeroDuration()).ok());
+  const v1::SessionRef x = ServiceHarness::RefOf(h.Open("x", 2)), y = ServiceHarness::RefOf(h.Open("y", 2));
+  ASSERT_TRUE(FetchSessionMemory(h.descriptor_socket(), x).ok());
+  ASSERT_TRUE(FetchSessionMemory(h.descriptor_socket(), y).ok());
+  auto rx = TakeRing(h.descriptor_socket(), x);
+  auto ry = TakeRing(h.descriptor_socket(), y);
+  ASSERT_TRUE(rx.ok() && ry.ok());
+  const uint64_t qx = h.CreateSequence(x), qy = h.CreateSequence(y);
+  rx->h()->polling.store(1);
+  const uint32_t pos = PublishQuietly(*rx, Rec(qx, {1}));  // "the daemon watches": no doorbell
+  for (uint32_t id = 1; id <= 3; ++id) {
+    const auto got = ry->Commit({Rec(qy, {id})});
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0].code, 0) << Message(got[0]);
+  }
+  rx->Ring();
+  ASSERT_TRUE(WaitFor([&] { return rx->h()->done.load() == pos + 1; }));
+  EXPECT_EQ(rx->completion(pos)->code, 0) << Message(*rx->completion(pos));
+  EXPECT_EQ(rx->h()->broken.load(), 0u);
+}
+
 // The CPUs of this thread's mask, in order.
 std::vector<int> MaskCpus() {
   cpu_set_t mask;
@@ -388,6 +473,16 @@ TEST_F(CommitRingCpuTest, TheDrainFollowsTheHintAcrossItsMask) {
   ASSERT_TRUE(StartNarrowed(h, cpus_, true).ok());
   CommitWithHints(h, {a, a, b, b, a});
   EXPECT_EQ(h.rings()->cpu_moves(), 3u);
+}
+
+// A batch without a hint (a pipelining client) lets the thread run on any CPU of its mask
+// again: the next hint of the same CPU is a move again.
+TEST_F(CommitRingCpuTest, NoHintReleasesTheThreadToItsMask) {
+  ServiceHarness h;
+  const uint32_t a = static_cast<uint32_t>(cpus_[0]) + 1;
+  ASSERT_TRUE(StartNarrowed(h, cpus_, true).ok());
+  CommitWithHints(h, {a, a, 0, a});
+  EXPECT_EQ(h.rings()->cpu_moves(), 2u);
 }
 
 TEST_F(CommitRingCpuTest, FollowingCanBeTurnedOff) {

@@ -236,6 +236,19 @@ TEST(ConfigTest, RingFollowCpuIsOnByDefaultAndParsesAsABool) {
   for (const char* v : {"yes", "1", ""}) EXPECT_THAT(FlagError("ring_follow_cpu", v), HasSubstr("ring_follow_cpu")) << v;
 }
 
+TEST(ConfigTest, RingWatchIs50UsByDefaultAndTakes0To10000) {
+  auto def = Parse({});
+  ASSERT_TRUE(def.ok()) << def.status();
+  EXPECT_EQ(def->ring_watch, absl::Microseconds(50));
+  auto off = Parse({"--ring_watch_us=0"});
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->ring_watch, absl::ZeroDuration());
+  auto top = Parse({"--ring_watch_us=10000"});
+  ASSERT_TRUE(top.ok()) << top.status();
+  EXPECT_EQ(top->ring_watch, absl::Milliseconds(10));
+  for (const char* v : {"-1", "10001", "50us", ""}) EXPECT_THAT(FlagError("ring_watch_us", v), HasSubstr("ring_watch_us")) << v;
+}
+
 TEST(ConfigTest, HugePagesIsOffByDefaultAndTakesOffTryOrOn) {
   auto def = Parse({});
   ASSERT_TRUE(def.ok()) << def.status();
