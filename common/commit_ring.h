@@ -38,6 +38,9 @@ inline constexpr uint32_t kMessageBytes = 200;
 // Records per ring, at most (a ring has one record per tail slot of its session, up to this).
 inline constexpr uint32_t kMaxCapacity = 4096;
 
+// In Header::cpu: the client pipelines its commits; drain them away from its CPU.
+inline constexpr uint32_t kCpuPipelined = 1u << 31;
+
 struct Header {
   // Written once by the daemon at creation, for the client's checks; never read by the daemon.
   uint32_t magic;
@@ -48,15 +51,14 @@ struct Header {
   uint32_t reserved0[11];
   // The client's: records published (a free-running count, mod 2^32).
   alignas(64) std::atomic<uint32_t> tail;
-  // The client's: 1 + the CPU it last published from (sched_getcpu), 0 for none. A hint only:
-  // the daemon drains the ring's batches on that CPU when it may run there, where the client
-  // waits for them (docs/commit_ring.md). 0 (a client that publishes commits one by one while
-  // it stages the next, CommitRing::Publish) lets the drain thread run on any CPU of its mask,
-  // beside the client, and watch the tail for a while after each batch (`polling`).
+  // The client's: 1 + the CPU it last published from (sched_getcpu), 0 for none, with
+  // kCpuPipelined set by a client that publishes commits one by one while it stages the next
+  // (CommitRing::Publish). A hint only (docs/commit_ring.md): the daemon drains a plain
+  // batch on that CPU, where the client waits for it, and a pipelined one on another CPU of
+  // its mask, beside the client, watching the tail for a while after it (`polling`).
   std::atomic<uint32_t> cpu;
   // The daemon's: nonzero while the drain thread watches this ring's tail without waiting
-  // for its doorbell (after a batch published with no CPU hint, for up to kvarnd's
-  // ring_poll_us). A client that stored its tail and then (after a seq_cst fence) reads
+  // for its doorbell (after a pipelined batch, for up to kvarnd's ring_watch_us). A client that stored its tail and then (after a seq_cst fence) reads
   // nonzero may skip the doorbell: the daemon clears the word, fences, and looks at the tail
   // once more before it sleeps. A hint only: a client that scribbles it delays its own
   // commits, no one else's.
@@ -78,6 +80,10 @@ struct Record {
   uint32_t ids[kRecordTokens];
 };
 static_assert(sizeof(Record) == 128);
+// A record's bytes before its ids: a writer fills these and the first `tokens` ids only, and
+// a reader copies out these, then (for a valid count) the ids, so a one-token record is one
+// cache line each way.
+inline constexpr size_t kRecordHeadBytes = offsetof(Record, ids);
 
 struct Completion {
   uint32_t position;  // the record's position (tail count) this answers
@@ -99,6 +105,10 @@ struct Completion {
   char message[kMessageBytes];  // not NUL-terminated; message_bytes long
 };
 static_assert(sizeof(Completion) == 256);
+// A completion's bytes before its message, which the daemon writes and the client reads only
+// for an error: an OK completion is one cache line.
+inline constexpr size_t kCompletionHeadBytes = offsetof(Completion, message);
+static_assert(kCompletionHeadBytes <= 64);
 
 inline constexpr size_t kHeaderBytes = 4096;
 inline constexpr size_t RecordsOffset() { return kHeaderBytes; }

@@ -314,13 +314,14 @@ absl::Status Session::CheckNotInRing(uint64_t seq, const SeqState& st) {
 
 void Session::EndRingFlight(std::span<const uint64_t> seqs) {
   MutexLock lock(&mu_);
-  for (uint64_t q : seqs) {
-    if (auto it = seqs_.find(q); it != seqs_.end()) it->second.in_ring = false;
-  }
+  for (uint64_t q : seqs) EndRingFlightLocked(q);
 }
 
-absl::StatusOr<SequenceTable> Session::RememberCommit(uint64_t seq, const ring::Completion& c) {
-  MutexLock lock(&mu_);
+void Session::EndRingFlightLocked(uint64_t seq) {
+  if (auto it = seqs_.find(seq); it != seqs_.end()) it->second.in_ring = false;
+}
+
+absl::StatusOr<SequenceTable> Session::RememberCommitLocked(uint64_t seq, const ring::Completion& c) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) {
     return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " was released while its ring commit was in flight"));

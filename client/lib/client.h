@@ -177,7 +177,9 @@ class Session {
 
   // Writes n tokens' K/V, original frame, laid out [n][num_layers][num_kv_heads][head_dim]
   // (fp16 bits or fp32), rotated into the storage frame, into the sequence's tail slot after
-  // what is already staged. INVALID_ARGUMENT past the tail or for NaN/Inf.
+  // what is already staged. INVALID_ARGUMENT past the tail or for NaN/Inf. Stage, MarkStaged,
+  // TailSlot, Commit and CommitBatch of a sequence whose ring commit is in flight (published
+  // by CommitRing::Publish, not yet collected) fail FAILED_PRECONDITION.
   absl::Status Stage(uint64_t seq, int n, const void* keys, const void* values, DType dtype);
   // CUDA pools: as Stage with K/V in device memory, enqueued on `stream` (null: the calling
   // thread's per-thread default stream), which it waits for before returning. Bad input is
@@ -282,9 +284,11 @@ class Session {
   // Records a ring commit's result (the table's block ids change only when it sealed) and
   // ends its flight; INTERNAL when it does not follow the table held, FAILED_PRECONDITION
   // when the sequence was released meanwhile.
-  absl::StatusOr<SequenceTable> RememberCommit(uint64_t seq, const ring::Completion& c) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<SequenceTable> RememberCommitLocked(uint64_t seq, const ring::Completion& c)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the flight of ring commits that failed or whose outcome is unknown.
   void EndRingFlight(std::span<const uint64_t> seqs) ABSL_LOCKS_EXCLUDED(mu_);
+  void EndRingFlightLocked(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   grpc::ClientContext* Prepare(grpc::ClientContext* ctx) const;
   absl::Status Check(const grpc::Status& s);
   // Bases of the mapped slabs, host or device.

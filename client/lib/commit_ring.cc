@@ -92,15 +92,21 @@ void CommitRing::WriteRecord(uint64_t sequence, std::span<const uint32_t> ids) {
   ring::Record r{};
   r.sequence = sequence;
   r.tokens = static_cast<uint32_t>(ids.size());
-  std::copy(ids.begin(), ids.end(), r.ids);
-  std::memcpy(memory_.data() + ring::RecordsOffset() + size_t{tail_ & (capacity_ - 1)} * sizeof(ring::Record), &r,
-              sizeof(r));
+  uint8_t* dst = memory_.data() + ring::RecordsOffset() + size_t{tail_ & (capacity_ - 1)} * sizeof(ring::Record);
+  std::memcpy(dst, &r, ring::kRecordHeadBytes);  // the head and the ids in use: the daemon reads no more
+  std::memcpy(dst + ring::kRecordHeadBytes, ids.data(), ids.size_bytes());
   ++tail_;
+  // The next record's line was last read by the daemon: ask for it now, so that the next
+  // Publish's fence does not wait for it.
+  __builtin_prefetch(memory_.data() + ring::RecordsOffset() + size_t{tail_ & (capacity_ - 1)} * sizeof(ring::Record), 1);
 }
 
 absl::Status CommitRing::PublishTail(uint32_t cpu_hint, bool always_ring) {
   ring::Header* h = header();
-  h->cpu.store(cpu_hint, std::memory_order_relaxed);
+  if (cpu_hint != hint_) {
+    h->cpu.store(cpu_hint, std::memory_order_relaxed);
+    hint_ = cpu_hint;
+  }
   h->tail.store(tail_, std::memory_order_release);
   if (!always_ring) {
     // No doorbell is needed while the drain thread is sure to look at the tail again: while
@@ -122,40 +128,46 @@ absl::Status CommitRing::PublishTail(uint32_t cpu_hint, bool always_ring) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitRing::Await(uint32_t first,
-                                                                            std::span<const uint64_t> seqs) {
+absl::Status CommitRing::Await(uint32_t first, std::span<const uint64_t> seqs, std::span<const size_t> index,
+                               std::vector<absl::StatusOr<AppendInfo>>* out) {
   if (absl::Status w = WaitFor(first + static_cast<uint32_t>(seqs.size())); !w.ok()) {
     unusable_ = w;
     session_->EndRingFlight(seqs);
     return w;
   }
-  std::vector<absl::StatusOr<AppendInfo>> out;
-  out.reserve(seqs.size());
   absl::Status call;  // the session's own error, when kvarnd gave one
   const uint8_t* completions = memory_.data() + ring::CompletionsOffset(capacity_);
+  // The daemon's core wrote these lines: request them all before reading any.
+  for (size_t k = 0; k < seqs.size(); ++k) {
+    __builtin_prefetch(completions + size_t{(first + k) & (capacity_ - 1)} * sizeof(ring::Completion));
+  }
+  MutexLock lock(&session_->mu_);  // one lock for the batch's tables
   for (size_t k = 0; k < seqs.size(); ++k) {
     const uint32_t pos = first + static_cast<uint32_t>(k);
+    absl::StatusOr<AppendInfo>& result = (*out)[index[k]];
     ring::Completion c;
-    ring::CopyOut(&c, completions + size_t{pos & (capacity_ - 1)} * sizeof(ring::Completion), sizeof(c));
-    if (c.position != pos || c.message_bytes > ring::kMessageBytes) {
-      out.push_back(absl::InternalError("kvarnd's ring completion does not answer this commit"));
-    } else if (c.code != 0) {
-      const absl::Status st(static_cast<absl::StatusCode>(c.code), std::string(c.message, c.message_bytes));
-      if (c.call != 0 && call.ok()) call = st;  // as CommitBatch's outer status
-      out.push_back(st);
-    } else {
-      auto table = session_->RememberCommit(seqs[k], c);
-      if (table.ok()) {
-        out.push_back(AppendInfo{std::move(*table), c.sealed != 0});
-      } else {
-        out.push_back(table.status());
-      }
-      continue;
+    const uint8_t* src = completions + size_t{pos & (capacity_ - 1)} * sizeof(ring::Completion);
+    ring::CopyOut(&c, src, ring::kCompletionHeadBytes);  // the message only for an error, below
+    if (c.code != 0 && c.message_bytes <= ring::kMessageBytes) {
+      ring::CopyOut(c.message, src + ring::kCompletionHeadBytes, c.message_bytes);
     }
-    session_->EndRingFlight(seqs.subspan(k, 1));
+    if (c.position != pos || c.message_bytes > ring::kMessageBytes) {
+      result = absl::InternalError("kvarnd's ring completion does not answer this commit");
+    } else if (c.code != 0) {
+      result = absl::Status(static_cast<absl::StatusCode>(c.code), std::string(c.message, c.message_bytes));
+      if (c.call != 0 && call.ok()) call = result.status();  // as CommitBatch's outer status
+    } else {
+      auto table = session_->RememberCommitLocked(seqs[k], c);
+      if (table.ok()) {
+        result = AppendInfo{std::move(*table), c.sealed != 0};
+      } else {
+        result = table.status();
+      }
+      continue;  // the flight ended there
+    }
+    session_->EndRingFlightLocked(seqs[k]);
   }
-  if (!call.ok()) return call;
-  return out;
+  return call;
 }
 
 absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitRing::Commit(
@@ -205,9 +217,7 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitRing::Commit(
     session_->EndRingFlight(seqs);
     return p;
   }
-  auto answers = Await(first, seqs);
-  if (!answers.ok()) return answers.status();
-  for (size_t k = 0; k < sent.size(); ++k) out[sent[k]] = std::move((*answers)[k]);
+  if (absl::Status a = Await(first, seqs, sent, &out); !a.ok()) return a;
   return out;
 }
 
@@ -237,35 +247,35 @@ absl::Status CommitRing::Publish(uint64_t sequence, std::span<const uint32_t> id
   published_.push_back({sequence, refused});
   if (!refused.ok()) return refused;
   ++in_ring_;
-  return PublishTail(/*cpu_hint=*/0, /*always_ring=*/false);
+  const int cpu = sched_getcpu();
+  return PublishTail((cpu >= 0 ? static_cast<uint32_t>(cpu) + 1 : 0) | ring::kCpuPipelined, /*always_ring=*/false);
 }
 
 absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitRing::Collect() {
   MutexLock lock(&mu_);
-  std::vector<Published> published;
-  published.swap(published_);
-  std::vector<uint64_t> seqs;
-  for (const Published& p : published) {
-    if (p.refused.ok()) seqs.push_back(p.sequence);
+  std::vector<absl::StatusOr<AppendInfo>> out;
+  out.reserve(published_.size());
+  std::vector<uint64_t> seqs;  // the published ones, in order
+  std::vector<size_t> index;   // their entries in `out`
+  for (Published& p : published_) {
+    if (p.refused.ok()) {
+      seqs.push_back(p.sequence);
+      index.push_back(out.size());
+      out.emplace_back(absl::Status(absl::StatusCode::kUnknown, ""));  // Await's to fill; no message, no allocation
+    } else {
+      out.emplace_back(std::move(p.refused));
+    }
   }
+  published_.clear();  // keeps its capacity for the next step
   const uint32_t first = tail_ - in_ring_;
   in_ring_ = 0;
-  if (seqs.empty()) {
-    std::vector<absl::StatusOr<AppendInfo>> out;
-    for (Published& p : published) out.push_back(std::move(p.refused));
-    return out;
-  }
+  if (seqs.empty()) return out;
   if (!unusable_.ok()) {
     // A doorbell that failed after its record went in: the flights end, the outcome unknown.
     session_->EndRingFlight(seqs);
     return unusable_;
   }
-  auto answers = Await(first, seqs);
-  if (!answers.ok()) return answers.status();
-  std::vector<absl::StatusOr<AppendInfo>> out;
-  out.reserve(published.size());
-  size_t k = 0;
-  for (Published& p : published) out.push_back(p.refused.ok() ? std::move((*answers)[k++]) : std::move(p.refused));
+  if (absl::Status a = Await(first, seqs, index, &out); !a.ok()) return a;
   return out;
 }
 

@@ -121,11 +121,11 @@ class CommitRing {
   // header; rings the doorbell always, or only when kvarnd is not watching the ring.
   absl::Status PublishTail(uint32_t cpu_hint, bool always_ring) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits for the records [first, first + seqs.size()) of `seqs` (in order) and reads their
-  // completions: the session's own error as the call's status, else one result per record.
-  // Every sequence's flight ends, whatever the outcome; the ring is unusable after a failed
-  // wait.
-  absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> Await(uint32_t first, std::span<const uint64_t> seqs)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // completions into (*out)[index[k]]. Returns the session's own error when kvarnd gave one
+  // (the call's status), the wait's failure (the ring is unusable then), or OK. Every
+  // sequence's flight ends, whatever the outcome.
+  absl::Status Await(uint32_t first, std::span<const uint64_t> seqs, std::span<const size_t> index,
+                     std::vector<absl::StatusOr<AppendInfo>>* out)      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Session* const session_;
   const FdMapping memory_;
@@ -134,6 +134,7 @@ class CommitRing {
   Mutex mu_;
   uint32_t tail_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t rung_at_ ABSL_GUARDED_BY(mu_) = 0;  // tail_ when the doorbell last rang
+  uint32_t hint_ ABSL_GUARDED_BY(mu_) = 0;     // the header's cpu word as this client last stored it
   // Publish's items since the last Collect, in order: a refused one holds its status; the
   // published ones are the records [tail_ - in_ring, tail_).
   struct Published {

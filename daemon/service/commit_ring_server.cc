@@ -136,7 +136,7 @@ void CommitRingServer::Serve() {
   cpu_set_t allowed;
   CPU_ZERO(&allowed);
   if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) CPU_ZERO(&allowed);  // follows nothing
-  int pinned = -1;
+  cpu_set_t current = allowed;
   for (;;) {
     if (ready.empty() && !hot.empty()) Watch(&hot, &ready);
     const int timeout_ms = ready.empty() ? static_cast<int>(absl::ToInt64Milliseconds(options_.poll)) : 0;
@@ -167,12 +167,18 @@ void CommitRingServer::Serve() {
         if (it != rings_.end()) r = it->second;
       }
       if (r == nullptr || r->broken) continue;
-      const uint32_t hint = r->header()->cpu.load(std::memory_order_relaxed);
-      if (options_.follow_client_cpu) FollowCpu(hint, allowed, &pinned);
+      const uint32_t hint = r->header()->cpu.load(std::memory_order_relaxed);  // read once
+      if (options_.follow_client_cpu) PlaceThread(hint, allowed, &current);
+      const int on = sched_getcpu();
+      last_cpu_.store(on, std::memory_order_relaxed);
       if (Drain(*r)) ready.push_back(id);
-      // A client that names no CPU publishes its commits one by one as it stages them: watch
-      // for the next rather than sleep until its doorbell.
-      if (hint == 0 && options_.watch > absl::ZeroDuration() && !r->broken && !r->hot) {
+      // A pipelining client publishes its commits one by one as it stages them: watch for the
+      // next rather than sleep until its doorbell, unless this thread shares the client's CPU
+      // (spinning there would hold up the very Stage it waits for).
+      const bool pipelined = (hint & ring::kCpuPipelined) != 0;
+      const uint32_t named = hint & ~ring::kCpuPipelined;
+      if (pipelined && on + 1 != static_cast<int64_t>(named) && options_.watch > absl::ZeroDuration() && !r->broken &&
+          !r->hot) {
         r->hot = true;
         r->header()->polling.store(1, std::memory_order_relaxed);
         hot.push_back(std::move(r));
@@ -226,7 +232,15 @@ bool CommitRingServer::Drain(Ring& r) {
   const absl::Time start = absl::Now();
   // Copy every record out once; only the copies are looked at.
   std::vector<ring::Record> records(pending);
-  for (uint32_t i = 0; i < pending; ++i) ring::CopyOut(&records[i], r.record(r.head + i), sizeof(ring::Record));
+  for (uint32_t i = 0; i < pending; ++i) {
+    // The head first; the ids only as many as the copied count says (a count beyond a record
+    // is refused below, its ids unread).
+    const uint8_t* src = r.record(r.head + i);
+    ring::CopyOut(&records[i], src, ring::kRecordHeadBytes);
+    if (records[i].tokens <= ring::kRecordTokens) {
+      ring::CopyOut(records[i].ids, src + ring::kRecordHeadBytes, records[i].tokens * sizeof(uint32_t));
+    }
+  }
   std::vector<std::pair<SequenceId, std::span<const uint32_t>>> items;
   std::vector<int> item_of(pending, -1);  // record -> index in items, -1 when refused here
   items.reserve(pending);
@@ -283,22 +297,24 @@ bool CommitRingServer::Drain(Ring& r) {
   return h->tail.load(std::memory_order_relaxed) != r.head;
 }
 
-void CommitRingServer::FollowCpu(uint32_t hint, const cpu_set_t& allowed, int* pinned) {
-  // The hint is the client's to write: anything but a CPU of the thread's own mask is ignored.
-  if (hint == 0) {
-    // A pipelining client: the thread runs beside it, on any CPU of its mask.
-    if (*pinned >= 0 && sched_setaffinity(0, sizeof(allowed), &allowed) == 0) *pinned = -1;
-    return;
+void CommitRingServer::PlaceThread(uint32_t hint, const cpu_set_t& allowed, cpu_set_t* current) {
+  // The hint is the client's to write: anything but a CPU of the thread's own mask leaves the
+  // thread on its whole mask.
+  const bool pipelined = (hint & ring::kCpuPipelined) != 0;
+  const uint32_t named = hint & ~ring::kCpuPipelined;
+  cpu_set_t want = allowed;
+  const bool usable = named >= 1 && named <= CPU_SETSIZE && CPU_ISSET(named - 1, &allowed);
+  if (usable && pipelined) {
+    CPU_CLR(named - 1, &want);
+    if (CPU_COUNT(&want) == 0) want = allowed;  // no other CPU: share the client's
+  } else if (usable) {
+    CPU_ZERO(&want);
+    CPU_SET(named - 1, &want);
   }
-  if (hint > CPU_SETSIZE) return;
-  const int cpu = static_cast<int>(hint - 1);
-  if (cpu == *pinned || !CPU_ISSET(cpu, &allowed)) return;
-  cpu_set_t one;
-  CPU_ZERO(&one);
-  CPU_SET(cpu, &one);
-  if (sched_setaffinity(0, sizeof(one), &one) != 0) return;  // e.g. the CPU went offline
-  *pinned = cpu;
-  cpu_moves_.fetch_add(1);
+  if (CPU_EQUAL(&want, current)) return;
+  if (sched_setaffinity(0, sizeof(want), &want) != 0) return;  // e.g. the CPU went offline
+  *current = want;
+  if (usable && !pipelined) cpu_moves_.fetch_add(1);
 }
 
 void CommitRingServer::Break(Ring& r, const absl::Status& why) {

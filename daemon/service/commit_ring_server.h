@@ -49,16 +49,15 @@ class CommitRingServer {
   struct Options {
     // Longest the drain thread sleeps before it looks at ended sessions and shutdown.
     absl::Duration poll = absl::Milliseconds(200);
-    // Drain each batch on the CPU its client published it from (the header's hint), when that
-    // CPU is in the drain thread's mask at start: the thread moves there before the batch, so
-    // the staged K/V the commit scans are read from that core's caches, and the client's
-    // next doorbell wakes it there.
+    // Place the drain thread by the client's hint (the header's cpu word), within the CPUs of
+    // its mask at start: a batch on the CPU its client published it from, where the client
+    // waits for it; a pipelined batch (kCpuPipelined) on any CPU of the mask but that one,
+    // beside the client. False: the thread stays on its whole mask.
     bool follow_client_cpu = true;
-    // After a batch its client published with no CPU hint (CommitRing::Publish, commits
-    // published one by one while the client stages the next), the drain thread watches that
-    // ring's tail this long before it sleeps, with the header's `polling` word set so the
-    // client need not ring the doorbell; a batch with a hint moves the thread back to any
-    // CPU of its mask first. Zero: the thread always sleeps on the doorbells.
+    // After a pipelined batch, when the drain thread runs on another CPU than its client, it
+    // watches that ring's tail this long before it sleeps, with the header's `polling` word
+    // set so the client need not ring the doorbell. Zero: the thread always sleeps on the
+    // doorbells.
     absl::Duration watch = absl::Microseconds(50);
   };
   static absl::StatusOr<std::unique_ptr<CommitRingServer>> Start(KvCore* core, Options options,
@@ -88,6 +87,8 @@ class CommitRingServer {
   uint64_t commits() const { return commits_.load(); }
   // Times the drain thread moved to a client's CPU.
   uint64_t cpu_moves() const { return cpu_moves_.load(); }
+  // The CPU the last batch was drained on (-1 before the first).
+  int last_cpu() const { return last_cpu_.load(); }
 
  private:
   struct Ring;
@@ -100,10 +101,10 @@ class CommitRingServer {
   void Break(Ring& r, const absl::Status& why);
   // Drops the rings of ended sessions.
   void Sweep();
-  // With follow_client_cpu: moves the drain thread to the CPU `hint` names (1 + its number),
-  // if it is one of `allowed` other than `*pinned` (the thread's CPU since its last move, -1
-  // when it may run on any of `allowed`); hint 0 lets it run on any of `allowed` again.
-  void FollowCpu(uint32_t hint, const cpu_set_t& allowed, int* pinned);
+  // With follow_client_cpu: sets the drain thread's mask for a batch with `hint` (the
+  // client's CPU for a plain batch, every CPU of `allowed` but the client's for a pipelined
+  // one, all of `allowed` for no usable hint), when it differs from `*current`.
+  void PlaceThread(uint32_t hint, const cpu_set_t& allowed, cpu_set_t* current);
   // Watches the tails of `hot` rings (their `polling` word set) for up to options_.watch:
   // returns as soon as one has records (added to `ready`, the rings stay hot), or the time
   // passes (their `polling` cleared, then each tail looked at once more; `hot` emptied).
@@ -117,6 +118,7 @@ class CommitRingServer {
   std::thread thread_;
   std::atomic<bool> stopped_{false};
   std::atomic<uint64_t> broken_{0}, commits_{0}, cpu_moves_{0};
+  std::atomic<int> last_cpu_{-1};
   mutable Mutex mu_;
   absl::flat_hash_map<SessionId, std::shared_ptr<Ring>> rings_ ABSL_GUARDED_BY(mu_);
 };

@@ -3,8 +3,9 @@
 // session. Promises: the same codes and messages as AppendBatch, garbage and a rejected
 // commit change nothing, a scribbled tail closes only that ring, a session ending mid-batch
 // leaves nothing half-applied, stopping closes every ring with UNAVAILABLE, and the drain
-// thread follows a client's CPU hint only to a CPU of its own mask; a ring whose client names
-// no CPU is watched after its batch, and its `polling` word misleads no one but its client.
+// thread follows a client's CPU hint only to a CPU of its own mask; a ring whose client
+// pipelines is drained beside it and watched after its batch, and its `polling` word misleads
+// no one but its client.
 #include <gtest/gtest.h>
 
 #include <sched.h>
@@ -334,8 +335,8 @@ uint32_t PublishQuietly(const RawRing& ring, const ring::Record& r) {
   return pos;
 }
 
-// A client that names no CPU (a pipelining one) is watched after its batch: it publishes
-// the next record without the doorbell, and the drain thread takes it.
+// A pipelining client's ring is watched after its batch: it publishes the next record
+// without the doorbell, and the drain thread takes it.
 TEST(CommitRingWatchTest, AWatchedRingIsDrainedWithoutItsDoorbell) {
   ServiceHarness h;
   ASSERT_TRUE(StartWatching(h, absl::Seconds(5)).ok());
@@ -344,7 +345,7 @@ TEST(CommitRingWatchTest, AWatchedRingIsDrainedWithoutItsDoorbell) {
   auto r = TakeRing(h.descriptor_socket(), ref);
   ASSERT_TRUE(r.ok()) << r.status();
   const uint64_t seq = h.CreateSequence(ref);
-  r->h()->cpu.store(0);
+  r->h()->cpu.store(ring::kCpuPipelined);  // a pipelining client that names no CPU
   const auto first = r->Commit({Rec(seq, {1})});
   ASSERT_EQ(first.size(), 1u);
   EXPECT_EQ(first[0].code, 0) << Message(first[0]);
@@ -367,6 +368,7 @@ TEST(CommitRingWatchTest, TheWatchEndsWithPollingCleared) {
   auto r = TakeRing(h.descriptor_socket(), ref);
   ASSERT_TRUE(r.ok()) << r.status();
   const uint64_t seq = h.CreateSequence(ref);
+  r->h()->cpu.store(ring::kCpuPipelined);
   for (uint32_t id = 1; id <= 3; ++id) {
     ASSERT_EQ(r->Commit({Rec(seq, {id})}).size(), 1u);  // rings the doorbell
     ASSERT_TRUE(WaitFor([&] { return r->h()->polling.load() != 0; })) << "the watch never began";
@@ -459,12 +461,18 @@ TEST_F(CommitRingCpuTest, TheDrainMovesOnlyToACpuOfItsOwnMask) {
   ServiceHarness h;
   const int a = cpus_[0], b = cpus_[1];
   ASSERT_TRUE(StartNarrowed(h, {a}, true).ok());
-  // Outside the mask, no CPU at all, beyond any CPU number: ignored, and the commits go on.
-  CommitWithHints(h, {static_cast<uint32_t>(b) + 1, 0, CPU_SETSIZE + 1, 0xffffffffu});
+  // Outside the mask, no CPU at all, beyond any CPU number, pipelined or not: ignored, and
+  // the commits go on, on the mask's CPU.
+  const uint32_t outside = static_cast<uint32_t>(b) + 1;
+  CommitWithHints(h, {outside, 0, CPU_SETSIZE + 1, 0xffffffffu, outside | ring::kCpuPipelined});
   EXPECT_EQ(h.rings()->cpu_moves(), 0u);
-  // The mask's own CPU: one move, not repeated while the hint stays.
-  CommitWithHints(h, {static_cast<uint32_t>(a) + 1, static_cast<uint32_t>(a) + 1});
-  EXPECT_EQ(h.rings()->cpu_moves(), 1u);
+  EXPECT_EQ(h.rings()->last_cpu(), a);
+  // The mask's own CPU, plain or pipelined (no other CPU to go to): the thread is there
+  // already, and stays.
+  const uint32_t own = static_cast<uint32_t>(a) + 1;
+  CommitWithHints(h, {own, own | ring::kCpuPipelined, own});
+  EXPECT_EQ(h.rings()->cpu_moves(), 0u);
+  EXPECT_EQ(h.rings()->last_cpu(), a);
 }
 
 TEST_F(CommitRingCpuTest, TheDrainFollowsTheHintAcrossItsMask) {
@@ -475,14 +483,42 @@ TEST_F(CommitRingCpuTest, TheDrainFollowsTheHintAcrossItsMask) {
   EXPECT_EQ(h.rings()->cpu_moves(), 3u);
 }
 
-// A batch without a hint (a pipelining client) lets the thread run on any CPU of its mask
-// again: the next hint of the same CPU is a move again.
+// A batch without a hint lets the thread run on any CPU of its mask again: the next hint of
+// the same CPU is a move again.
 TEST_F(CommitRingCpuTest, NoHintReleasesTheThreadToItsMask) {
   ServiceHarness h;
   const uint32_t a = static_cast<uint32_t>(cpus_[0]) + 1;
   ASSERT_TRUE(StartNarrowed(h, cpus_, true).ok());
   CommitWithHints(h, {a, a, 0, a});
   EXPECT_EQ(h.rings()->cpu_moves(), 2u);
+}
+
+// A plain batch is drained on the CPU its client names, a pipelined one on another CPU of
+// the mask, beside the client.
+TEST_F(CommitRingCpuTest, APipelinedBatchIsDrainedBesideItsClient) {
+  ServiceHarness h;
+  ASSERT_TRUE(StartNarrowed(h, cpus_, true).ok());
+  const v1::SessionRef ref = ServiceHarness::RefOf(h.Open("a", 2));
+  ASSERT_TRUE(FetchSessionMemory(h.descriptor_socket(), ref).ok());
+  auto r = TakeRing(h.descriptor_socket(), ref);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const uint64_t seq = h.CreateSequence(ref);
+  uint32_t id = 1;
+  for (int round = 0; round < 2; ++round) {
+    for (int cpu : {cpus_[0], cpus_[1]}) {
+      for (bool pipelined : {true, false}) {
+        r->h()->cpu.store((static_cast<uint32_t>(cpu) + 1) | (pipelined ? ring::kCpuPipelined : 0));
+        const auto got = r->Commit({Rec(seq, {id++})});
+        ASSERT_EQ(got.size(), 1u);
+        EXPECT_EQ(got[0].code, 0) << Message(got[0]);
+        if (pipelined) {
+          EXPECT_NE(h.rings()->last_cpu(), cpu) << "a pipelined batch from CPU " << cpu;
+        } else {
+          EXPECT_EQ(h.rings()->last_cpu(), cpu) << "a plain batch from CPU " << cpu;
+        }
+      }
+    }
+  }
 }
 
 TEST_F(CommitRingCpuTest, FollowingCanBeTurnedOff) {
