@@ -197,13 +197,16 @@ void CommitRingServer::Watch(std::vector<std::shared_ptr<Ring>>* hot, std::vecto
     return !r.broken && r.header()->tail.load(std::memory_order_acquire) != r.head;
   };
   const auto until = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(options_.watch);
-  for (;;) {
+  for (int round = 1;; ++round) {
     for (const auto& r : *hot) {
       if (pending(*r)) ready->push_back(r->ref.session);
     }
     if (!ready->empty() || stopped_.load(std::memory_order_relaxed)) return;
     if (std::chrono::steady_clock::now() >= until) break;
     for (int i = 0; i < 16; ++i) ring::CpuRelax();
+    // A client the scheduler moved onto this CPU since the batch would wait for the watch
+    // to end: let anything runnable here go first, every few microseconds.
+    if (round % 4 == 0) sched_yield();
   }
   // Going to sleep: clear `polling`, then look at each tail once more. A client stores its
   // tail, fences, then reads `polling`: either this look sees its records or it sees 0 and
