@@ -42,47 +42,69 @@ def fwht(x):
     return x * norm
 
 
+def rounded_exp(x):
+    """exp evaluated in double and rounded to float once: the codec's ExpF."""
+    return torch.exp(x.double()).float()
+
+
+def rounded_log(x):
+    """log likewise: the codec's LogF."""
+    return torch.log(x.double()).float()
+
+
 # exp and log of the balancing: torch's (the reference's), or, with KVARN_EXACT_EXP=1 in the
 # environment, the double-precision result rounded to float (the codec's ExpF/LogF), which
-# separates differences of exp/log from differences of everything else.
+# separates differences of exp/log from differences of everything else. balance() and
+# quantize() take other pairs too (tests/golden/torch_spec_check.py compares devices).
 if os.environ.get("KVARN_EXACT_EXP") == "1":
-    def exp32(x):
-        return torch.exp(x.double()).float()
-
-    def log32(x):
-        return torch.log(x.double()).float()
+    exp32, log32 = rounded_exp, rounded_log
 else:
     exp32, log32 = torch.exp, torch.log
 
 
-def imbalance(x):
-    cs, rs = x.std(dim=0), x.std(dim=1)
+def torch_std(x, dim):
+    """torch's own std (Bessel), in whatever precision torch accumulates on x's device."""
+    return x.std(dim=dim)
+
+
+def double_std(x, dim):
+    """std accumulated in double and rounded to float once (the codec's BalanceStd, up to the
+    order of summation)."""
+    return x.double().std(dim=dim).float()
+
+
+def imbalance(x, std=torch_std):
+    cs, rs = std(x, 0), std(x, 1)
     return cs.max() / cs.min().clamp(min=1e-8) + rs.max() / rs.min().clamp(min=1e-8)
 
 
-def balance(t, iterations):
-    """§3 on an R x C fp32 tile; returns the best-so-far column and row scales."""
+def balance(t, iterations, exp=None, log=None, std=torch_std):
+    """§3 on an R x C fp32 tile (on any device; std and the divisions run where t is);
+    returns the best-so-far column and row scales. exp, log: default exp32, log32."""
+    exp, log = exp or exp32, log or log32
     rows, cols = t.shape
-    lc = torch.zeros(cols, dtype=torch.float32)
-    lr = torch.zeros(rows, dtype=torch.float32)
-    best = imbalance(t)
-    sc, sr = torch.ones(cols), torch.ones(rows)
+    lc = torch.zeros(cols, dtype=torch.float32, device=t.device)
+    lr = torch.zeros(rows, dtype=torch.float32, device=t.device)
+    best = imbalance(t, std)
+    sc = torch.ones(cols, dtype=torch.float32, device=t.device)
+    sr = torch.ones(rows, dtype=torch.float32, device=t.device)
     cur = t
     for _ in range(iterations):
-        lc = (lc + log32(cur.std(dim=0).clamp(1e-3, 1e3))).clamp(-0.3, 10.0)
-        cur = t / exp32(lc)[None, :] / exp32(lr)[:, None]
-        lr = (lr + log32(cur.std(dim=1).clamp(1e-3, 1e3))).clamp(-0.3, 10.0)
-        cur = t / exp32(lc)[None, :] / exp32(lr)[:, None]
-        imb = imbalance(cur)
+        lc = (lc + log(std(cur, 0).clamp(1e-3, 1e3))).clamp(-0.3, 10.0)
+        cur = t / exp(lc)[None, :] / exp(lr)[:, None]
+        lr = (lr + log(std(cur, 1).clamp(1e-3, 1e3))).clamp(-0.3, 10.0)
+        cur = t / exp(lc)[None, :] / exp(lr)[:, None]
+        imb = imbalance(cur, std)
         if imb <= best:
             best = imb
-            sc, sr = exp32(lc), exp32(lr)
+            sc, sr = exp(lc), exp(lr)
     return sc, sr
 
 
-def quantize(t, bits, iterations):
-    """§4 per row of t: codes uint8 [R, C]; a, b fp16 [R]; s fp16 [C]; dequantized fp32."""
-    sc, sr = balance(t, iterations)
+def quantize(t, bits, iterations, exp=None, log=None, std=torch_std):
+    """§4 per row of t: codes uint8 [R, C]; a, b fp16 [R]; s fp16 [C]; dequantized fp32
+    (on t's device; exp, log, std as in balance)."""
+    sc, sr = balance(t, iterations, exp, log, std)
     b_tile = t / sc[None, :] / sr[:, None]
     qmax = float(2 ** bits - 1)
     lo, hi = b_tile.min(dim=1).values, b_tile.max(dim=1).values

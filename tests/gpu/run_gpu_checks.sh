@@ -81,6 +81,24 @@ if [ -f "$BUILD/CMakeCache.txt" ] &&
   mkdir -p "$LOGS"
 fi
 
+# Which exp, log and std the authors' reference used (docs/codec_arithmetic.md): the
+# project's torch statement of the spec with torch's CUDA functions against the golden
+# records and the codec's arithmetic, where python3 has torch with CUDA. It runs on one CPU
+# core and the GPU while the build below takes the others.
+TORCH_PID=""
+if python3 -c "import numpy, torch; assert torch.cuda.is_available()" >/dev/null 2>&1; then
+  note "torch-spec: tests/golden/torch_spec_check.py (in the background)"
+  (
+    t0=$(date +%s)
+    timeout --kill-after=10 400 python3 tests/golden/torch_spec_check.py \
+      --sweep "${KVARN_GPU_TORCH_SWEEP:-200}" --json "$LOGS/torch_spec.json" >"$LOGS/torch_spec.log" 2>&1
+    echo "$? $(( $(date +%s) - t0 ))" >"$LOGS/torch_spec.rc"
+  ) &
+  TORCH_PID=$!
+else
+  record torch-spec "SKIP (no torch with CUDA)" 0
+fi
+
 run configure 180 cmake -S "$ROOT" -B "$BUILD" ${GEN[@]+"${GEN[@]}"} -DKVARN_KERNELS_ONLY=ON -DKVARN_WITH_CUDA=ON \
   -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_COMPILER=$NVCC"
 run build 420 cmake --build "$BUILD" -j "$JOBS" --target kvarn_gpu_checks kvarn_cuda_bench kvarn_ipc_test
@@ -138,6 +156,14 @@ else
   record sanitizer "SKIP (not found)" 0
 fi
 
+if [ -n "$TORCH_PID" ]; then
+  wait "$TORCH_PID"
+  read -r rc dt <"$LOGS/torch_spec.rc" || { rc=1; dt=0; }
+  note "torch-spec"
+  cat "$LOGS/torch_spec.log"
+  if [ "$rc" -eq 0 ]; then record torch-spec PASS "$dt"; else record torch-spec "FAIL (exit $rc)" "$dt"; fi
+fi
+
 note "summary"
 fail=0
 for i in "${!NAMES[@]}"; do
@@ -152,7 +178,8 @@ if [ -f "$LOGS/bench.log" ]; then
 fi
 echo "  total time: $(elapsed)s; logs: $LOGS"
 if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
-  cp "$LOGS"/*.log "$OUT"/ 2>/dev/null || true
+  # One archive: the device tool returns at most 8 files.
+  tar -czf "$OUT/gpu-check-logs.tar.gz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null || true
 fi
 if [ "$fail" -eq 0 ]; then echo "GPU CHECKS: PASS"; else echo "GPU CHECKS: FAIL"; fi
 exit "$fail"
