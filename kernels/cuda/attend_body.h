@@ -184,6 +184,7 @@ KVARN_DEV_FORCEINLINE void SoftmaxUpdate(const Ctx& ctx, const Smem<HC>& s, int 
     }
     psum = WarpAllSum(ctx, psum);
     pbsum = WarpAllSum(ctx, pbsum);
+    ctx.SyncWarp();  // every lane has read mx[h] before lane 0 replaces it
     if (active && lane == 0) {
       s.mx[h] = m_new;
       s.sum[h] = s.sum[h] * resc + psum;

@@ -45,6 +45,8 @@ struct DeviceCtx {
   __device__ int nwarps() const { return static_cast<int>(blockDim.x) >> 5; }
   __device__ void Sync() const { __syncthreads(); }
   __device__ int SyncOr(int v) const { return __syncthreads_or(v); }
+  // Orders the shared-memory accesses of a warp's lanes (shuffles alone do not).
+  __device__ void SyncWarp() const { __syncwarp(); }
   __device__ float ShflXor(float v, int mask) const {
     return __shfl_xor_sync(0xffffffffu, v, mask);
   }

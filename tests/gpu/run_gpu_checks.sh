@@ -100,7 +100,7 @@ else
 fi
 
 run configure 180 cmake -S "$ROOT" -B "$BUILD" ${GEN[@]+"${GEN[@]}"} -DKVARN_KERNELS_ONLY=ON -DKVARN_WITH_CUDA=ON \
-  -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_COMPILER=$NVCC"
+  -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_COMPILER=$NVCC" -DCMAKE_CUDA_FLAGS=-lineinfo
 run build 420 cmake --build "$BUILD" -j "$JOBS" --target kvarn_gpu_checks kvarn_cuda_bench kvarn_ipc_test
 
 CHECKS="$BUILD/bin/kvarn_gpu_checks"
