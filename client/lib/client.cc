@@ -307,18 +307,27 @@ SequenceTable Session::RememberLocked(uint64_t seq, const v1::BlockTable& table)
 }
 
 absl::Status Session::CheckNotInRing(uint64_t seq, const SeqState& st) {
+  if (st.outcome_unknown) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("sequence ", seq,
+                     "'s last ring commit has an unknown outcome (the ring failed before kvarnd "
+                     "answered it): its table may be stale; Release it"));
+  }
   if (!st.in_ring) return absl::OkStatus();
   return absl::FailedPreconditionError(
       absl::StrCat("sequence ", seq, " has a ring commit in flight: CommitRing::Collect it first"));
 }
 
-void Session::EndRingFlight(std::span<const uint64_t> seqs) {
+void Session::EndRingFlight(std::span<const uint64_t> seqs, bool unknown) {
   MutexLock lock(&mu_);
-  for (uint64_t q : seqs) EndRingFlightLocked(q);
+  for (uint64_t q : seqs) EndRingFlightLocked(q, unknown);
 }
 
-void Session::EndRingFlightLocked(uint64_t seq) {
-  if (auto it = seqs_.find(seq); it != seqs_.end()) it->second.in_ring = false;
+void Session::EndRingFlightLocked(uint64_t seq, bool unknown) {
+  if (auto it = seqs_.find(seq); it != seqs_.end()) {
+    it->second.in_ring = false;
+    it->second.outcome_unknown = it->second.outcome_unknown || unknown;
+  }
 }
 
 absl::StatusOr<SequenceTable> Session::RememberCommitLocked(uint64_t seq, const ring::Completion& c) {
@@ -507,8 +516,16 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> Session::CommitBatch(
   return out;
 }
 
+absl::Status Session::CheckNoRingFlight(uint64_t seq) const {
+  MutexLock lock(&mu_);
+  auto it = seqs_.find(seq);
+  return it == seqs_.end() ? absl::OkStatus() : CheckNotInRing(seq, it->second);
+}
+
 absl::StatusOr<AppendInfo> Session::AppendInline(uint64_t seq, std::span<const uint32_t> ids, const void* keys,
                                                  const void* values, DType dtype) {
+  // A ring commit in flight would land after these tokens, at a position nobody staged.
+  if (absl::Status f = CheckNoRingFlight(seq); !f.ok()) return f;
   v1::AppendInlineRequest req;
   *req.mutable_session() = Ref();
   req.set_sequence_id(seq);
@@ -524,6 +541,8 @@ absl::StatusOr<AppendInfo> Session::AppendInline(uint64_t seq, std::span<const u
 }
 
 absl::StatusOr<SequenceInfo> Session::Fork(uint64_t seq) {
+  // With a ring commit in flight the fork would take the sequence before or after it.
+  if (absl::Status f = CheckNoRingFlight(seq); !f.ok()) return f;
   v1::ForkRequest req;
   *req.mutable_session() = Ref();
   req.set_sequence_id(seq);

@@ -177,9 +177,11 @@ class Session {
 
   // Writes n tokens' K/V, original frame, laid out [n][num_layers][num_kv_heads][head_dim]
   // (fp16 bits or fp32), rotated into the storage frame, into the sequence's tail slot after
-  // what is already staged. INVALID_ARGUMENT past the tail or for NaN/Inf. Stage, MarkStaged,
-  // TailSlot, Commit and CommitBatch of a sequence whose ring commit is in flight (published
-  // by CommitRing::Publish, not yet collected) fail FAILED_PRECONDITION.
+  // what is already staged. INVALID_ARGUMENT past the tail or for NaN/Inf. Stage, StageDevice,
+  // MarkStaged, TailSlot, Commit, CommitBatch, AppendInline and Fork of a sequence whose ring
+  // commit is in flight (published by CommitRing::Publish, not yet collected) fail
+  // FAILED_PRECONDITION, and keep failing so for a sequence whose ring commit's outcome is
+  // unknown (the ring failed before kvarnd answered: Release is what is left for it).
   absl::Status Stage(uint64_t seq, int n, const void* keys, const void* values, DType dtype);
   // CUDA pools: as Stage with K/V in device memory, enqueued on `stream` (null: the calling
   // thread's per-thread default stream), which it waits for before returning. Bad input is
@@ -270,9 +272,15 @@ class Session {
     // A ring commit of it is published and not yet collected (CommitRing::Publish): where
     // the next token goes depends on its outcome.
     bool in_ring = false;
+    // Its last ring commit's outcome is unknown (the ring failed before kvarnd answered it):
+    // kvarnd may still apply it, so the table and the staged count may be stale, and another
+    // commit could append its tokens twice. Only Release frees it.
+    bool outcome_unknown = false;
   };
-  // FAILED_PRECONDITION while `st` has a ring commit in flight.
+  // FAILED_PRECONDITION while `st` has a ring commit in flight or of unknown outcome.
   static absl::Status CheckNotInRing(uint64_t seq, const SeqState& st);
+  // CheckNotInRing for `seq` when this session knows it (else OK: kvarnd decides).
+  absl::Status CheckNoRingFlight(uint64_t seq) const ABSL_LOCKS_EXCLUDED(mu_);
   Session(Client* client, const v1::OpenSessionResponse& open, const Preset& preset);
   absl::Status MapPool();
   // FAILED_PRECONDITION unless the pool is mapped (a remote session has none).
@@ -286,9 +294,10 @@ class Session {
   // when the sequence was released meanwhile.
   absl::StatusOr<SequenceTable> RememberCommitLocked(uint64_t seq, const ring::Completion& c)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Ends the flight of ring commits that failed or whose outcome is unknown.
-  void EndRingFlight(std::span<const uint64_t> seqs) ABSL_LOCKS_EXCLUDED(mu_);
-  void EndRingFlightLocked(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the flight of ring commits that kvarnd refused (`unknown` false: the sequence is
+  // free again) or whose outcome is unknown (`unknown` true: blocked until Release).
+  void EndRingFlight(std::span<const uint64_t> seqs, bool unknown) ABSL_LOCKS_EXCLUDED(mu_);
+  void EndRingFlightLocked(uint64_t seq, bool unknown) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   grpc::ClientContext* Prepare(grpc::ClientContext* ctx) const;
   absl::Status Check(const grpc::Status& s);
   // Bases of the mapped slabs, host or device.

@@ -51,6 +51,25 @@ absl::StatusOr<std::unique_ptr<CommitRing>> CommitRing::Open(Session* session) {
   return std::unique_ptr<CommitRing>(new CommitRing(session, std::move(*m), std::move(doorbell_fd), capacity));
 }
 
+CommitRing::~CommitRing() {
+  // Publishes not yet collected: wait for their outcome (up to the client's rpc_timeout), so
+  // that their sequences' tables are kvarnd's and they are free again (or, when the ring
+  // fails first, blocked as of unknown outcome).
+  bool pending = false;
+  {
+    MutexLock lock(&mu_);
+    pending = !published_.empty();
+  }
+  if (pending) (void)Collect();
+}
+
+absl::Status CommitRing::Unusable() const {
+  return absl::FailedPreconditionError(absl::StrCat("the commit ring is unusable (",
+                                                    absl::StatusCodeToString(unusable_.code()), ": ",
+                                                    unusable_.message(),
+                                                    "): use Session::CommitBatch, or a new session"));
+}
+
 absl::Status CommitRing::WaitFor(uint32_t target) {
   ring::Header* h = header();
   const auto done = [&] { return h->done.load(std::memory_order_acquire) == target; };
@@ -121,7 +140,8 @@ absl::Status CommitRing::PublishTail(uint32_t cpu_hint, bool always_ring) {
   rung_at_ = tail_;
   const uint64_t one = 1;
   if (write(doorbell_.get(), &one, sizeof(one)) != sizeof(one)) {
-    unusable_ = absl::InternalError(absl::StrCat("the ring's doorbell failed: ", strerror(errno)));
+    unusable_ = absl::InternalError(absl::StrCat("the ring's doorbell failed (", strerror(errno),
+                                                 "); what it published has an unknown outcome"));
     return unusable_;
   }
   doorbells_.fetch_add(1, std::memory_order_relaxed);
@@ -130,19 +150,32 @@ absl::Status CommitRing::PublishTail(uint32_t cpu_hint, bool always_ring) {
 
 absl::Status CommitRing::Await(uint32_t first, std::span<const uint64_t> seqs, std::span<const size_t> index,
                                std::vector<absl::StatusOr<AppendInfo>>* out) {
-  if (absl::Status w = WaitFor(first + static_cast<uint32_t>(seqs.size())); !w.ok()) {
+  const uint32_t target = first + static_cast<uint32_t>(seqs.size());
+  size_t answered = seqs.size();  // records kvarnd completed
+  absl::Status call;  // the session's own error when kvarnd gave one, else the wait's failure
+  if (absl::Status w = WaitFor(target); !w.ok()) {
+    // The ring is unusable from here on. The records kvarnd completed before it failed have
+    // their answers; the others' outcome is unknown (it may still apply them).
     unusable_ = w;
-    session_->EndRingFlight(seqs);
-    return w;
+    call = w;
+    const int32_t done = static_cast<int32_t>(header()->done.load(std::memory_order_acquire) - first);
+    answered = static_cast<size_t>(std::clamp<int32_t>(done, 0, static_cast<int32_t>(seqs.size())));
+  } else {
+    // Every doorbell's records are done: keeps `rung_at_ - done` within the ring however long
+    // the drain thread watches (and no doorbell rings).
+    rung_at_ = target;
   }
-  absl::Status call;  // the session's own error, when kvarnd gave one
   const uint8_t* completions = memory_.data() + ring::CompletionsOffset(capacity_);
   // The daemon's core wrote these lines: request them all before reading any.
-  for (size_t k = 0; k < seqs.size(); ++k) {
+  for (size_t k = 0; k < answered; ++k) {
     __builtin_prefetch(completions + size_t{(first + k) & (capacity_ - 1)} * sizeof(ring::Completion));
   }
   MutexLock lock(&session_->mu_);  // one lock for the batch's tables
-  for (size_t k = 0; k < seqs.size(); ++k) {
+  for (size_t k = answered; k < seqs.size(); ++k) {
+    (*out)[index[k]] = call;
+    session_->EndRingFlightLocked(seqs[k], /*unknown=*/true);
+  }
+  for (size_t k = 0; k < answered; ++k) {
     const uint32_t pos = first + static_cast<uint32_t>(k);
     absl::StatusOr<AppendInfo>& result = (*out)[index[k]];
     ring::Completion c;
@@ -165,7 +198,7 @@ absl::Status CommitRing::Await(uint32_t first, std::span<const uint64_t> seqs, s
       }
       continue;  // the flight ended there
     }
-    session_->EndRingFlightLocked(seqs[k]);
+    session_->EndRingFlightLocked(seqs[k], /*unknown=*/false);  // refused: nothing changed
   }
   return call;
 }
@@ -176,7 +209,7 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitRing::Commit(
   std::vector<size_t> sent;  // items in the ring, by their index in `items`
   std::vector<uint64_t> seqs;
   MutexLock lock(&mu_);
-  if (!unusable_.ok()) return unusable_;
+  if (!unusable_.ok()) return Unusable();
   if (!published_.empty()) {
     return absl::FailedPreconditionError("published ring commits await Collect: Collect them before Commit");
   }
@@ -188,6 +221,10 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitRing::Commit(
       auto it = session_->seqs_.find(seq);
       if (it == session_->seqs_.end()) {
         out[i] = absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
+        continue;
+      }
+      if (absl::Status f = Session::CheckNotInRing(seq, it->second); !f.ok()) {
+        out[i] = f;
         continue;
       }
       if (static_cast<int>(ids.size()) != it->second.staged) {
@@ -214,7 +251,9 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitRing::Commit(
   }
   const int cpu = sched_getcpu();
   if (absl::Status p = PublishTail(cpu >= 0 ? static_cast<uint32_t>(cpu) + 1 : 0, /*always_ring=*/true); !p.ok()) {
-    session_->EndRingFlight(seqs);
+    // The records are published: kvarnd may apply them without the doorbell (it watches the
+    // ring, or looks when another doorbell rings).
+    session_->EndRingFlight(seqs, /*unknown=*/true);
     return p;
   }
   if (absl::Status a = Await(first, seqs, sent, &out); !a.ok()) return a;
@@ -223,7 +262,7 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitRing::Commit(
 
 absl::Status CommitRing::Publish(uint64_t sequence, std::span<const uint32_t> ids) {
   MutexLock lock(&mu_);
-  absl::Status refused = unusable_;
+  absl::Status refused = unusable_.ok() ? absl::OkStatus() : Unusable();
   if (refused.ok()) {
     MutexLock s(&session_->mu_);
     auto it = session_->seqs_.find(sequence);
@@ -269,12 +308,13 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitRing::Collect() {
   published_.clear();  // keeps its capacity for the next step
   const uint32_t first = tail_ - in_ring_;
   in_ring_ = 0;
-  if (seqs.empty()) return out;
   if (!unusable_.ok()) {
-    // A doorbell that failed after its record went in: the flights end, the outcome unknown.
-    session_->EndRingFlight(seqs);
-    return unusable_;
+    // A doorbell failed after its record went in (Publish said so): kvarnd may still apply
+    // the published records, so their outcome is unknown.
+    session_->EndRingFlight(seqs, /*unknown=*/true);
+    return Unusable();
   }
+  if (seqs.empty()) return out;
   if (absl::Status a = Await(first, seqs, index, &out); !a.ok()) return a;
   return out;
 }

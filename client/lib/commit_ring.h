@@ -19,13 +19,17 @@
 //     of two): RESOURCE_EXHAUSTED for the call. The ring never fills otherwise: Commit waits
 //     for its batch before it returns, so each call finds the ring empty.
 // The session's own errors (unknown or ended session, stale epoch) are the call's status, as
-// CommitBatch gives them. Commit fails for the call, leaving the ring unusable (use
-// CommitBatch, or a new session), with DEADLINE_EXCEEDED when kvarnd does not complete the
-// batch within the client's rpc_timeout (its outcome is then unknown: Table may be stale),
+// CommitBatch gives them. Commit fails for the call, leaving the ring unusable, with
+// DEADLINE_EXCEEDED when kvarnd does not complete the batch within the client's rpc_timeout,
 // and the daemon's code when it closed the ring (FAILED_PRECONDITION: this process moved its
 // tail out of bounds; NOT_FOUND: the session ended; UNAVAILABLE: kvarnd is stopping), with its
 // message. When this client sees its session end mid-batch it waits up to 2 s more for that
-// verdict, then gives NOT_FOUND itself.
+// verdict, then gives NOT_FOUND itself. The commits kvarnd answered before the ring failed
+// have their results in the sequences' tables; the others have an unknown outcome (kvarnd
+// may still apply them), so their sequences refuse every staging and commit call
+// (FAILED_PRECONDITION) until released: committing them again could append a token twice.
+// The other sequences go on by Session::CommitBatch. Once unusable, the ring's calls
+// (Commit, Publish, Collect) fail FAILED_PRECONDITION, naming the first failure.
 //
 // Pipelined commits, for a worker that stages sequence by sequence: Publish each sequence's
 // commit as soon as it is staged, and kvarnd checks and applies it while this thread stages
@@ -41,16 +45,20 @@
 // FAILED_PRECONDITION while the sequence has a commit in flight and RESOURCE_EXHAUSTED while
 // capacity() commits await Collect. A refused item writes nothing; its status is also its
 // entry in Collect's result. Between its Publish and Collect a sequence is in flight: Stage,
-// MarkStaged, TailSlot, Commit and CommitBatch of it fail FAILED_PRECONDITION (where its next
-// token goes depends on the commit's outcome), and Commit refuses to run while Publishes
-// await Collect. Collect's outer status is as Commit's (the session's errors, a deadline, a
-// closed ring); the sequences' flights end either way.
+// StageDevice, MarkStaged, TailSlot, Commit, CommitBatch, AppendInline and Fork of it fail
+// FAILED_PRECONDITION (where its next token goes depends on the commit's outcome), and Commit
+// refuses to run while Publishes await Collect. Collect's outer status is as Commit's (the
+// session's errors, a deadline, a closed ring, an unusable ring); the flights end either way,
+// those of unknown outcome as above. A Publish whose doorbell fails returns INTERNAL: its
+// record is in the ring, the outcome unknown, and the ring unusable. Destroying the ring
+// collects what was published (waiting up to rpc_timeout), so no sequence stays in flight.
 //
-// Publish names no CPU in the ring's header: kvarnd's drain thread then runs on another CPU
-// of its mask, beside this one, and after each batch watches the ring for the next record a
-// while (kvarnd's ring_watch_us) instead of sleeping, so Publish rings the doorbell only when
-// the thread has stopped watching. Commit names its CPU, where the thread then drains the
-// batch this thread waits for.
+// Publish names its CPU with ring::kCpuPipelined in the ring's header: kvarnd's drain thread
+// then runs on another CPU of its mask, beside this one, and after each batch watches the ring
+// for the next record a while (kvarnd's ring_watch_us) instead of sleeping, so Publish rings
+// the doorbell only when the thread is not watching and has finished the last doorbell's
+// records. Commit names its CPU plainly, and the thread drains the batch this thread waits
+// for there.
 //
 // Thread safety: Commit, Publish and Collect may be called from any thread; calls are
 // serialized (one producer).
@@ -79,6 +87,8 @@ class CommitRing {
  public:
   // Asks kvarnd for the session's ring (once per session: ALREADY_EXISTS the second time).
   static absl::StatusOr<std::unique_ptr<CommitRing>> Open(Session* session);
+  // Collects what was published and not yet collected (above).
+  ~CommitRing();
   CommitRing(const CommitRing&) = delete;
   CommitRing& operator=(const CommitRing&) = delete;
 
@@ -95,7 +105,7 @@ class CommitRing {
   absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> Commit(
       const std::vector<std::pair<uint64_t, std::vector<uint32_t>>>& items) ABSL_LOCKS_EXCLUDED(mu_);
   // Publishes one sequence's staged tokens for kvarnd to commit now (above); OK once the
-  // record is in the ring, else why it is not.
+  // record is in the ring, else why it is not (or INTERNAL: it is in, but the doorbell failed).
   absl::Status Publish(uint64_t sequence, std::span<const uint32_t> ids) ABSL_LOCKS_EXCLUDED(mu_);
   // Waits for every commit published since the last Collect; one status per Publish, in order.
   absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> Collect() ABSL_LOCKS_EXCLUDED(mu_);
@@ -113,6 +123,8 @@ class CommitRing {
   CommitRing(Session* session, FdMapping memory, UniqueFd doorbell, uint32_t capacity)
       : session_(session), memory_(std::move(memory)), doorbell_(std::move(doorbell)), capacity_(capacity) {}
   ring::Header* header() const { return reinterpret_cast<ring::Header*>(memory_.data()); }
+  // FAILED_PRECONDITION naming unusable_ (which must be an error).
+  absl::Status Unusable() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits until kvarnd completed every record before `target`; OK, or why not.
   absl::Status WaitFor(uint32_t target) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes a record at tail_ (not yet published) and advances tail_.
@@ -122,10 +134,10 @@ class CommitRing {
   absl::Status PublishTail(uint32_t cpu_hint, bool always_ring) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits for the records [first, first + seqs.size()) of `seqs` (in order) and reads their
   // completions into (*out)[index[k]]. Returns the session's own error when kvarnd gave one
-  // (the call's status), the wait's failure (the ring is unusable then), or OK. Every
-  // sequence's flight ends, whatever the outcome.
+  // (the call's status), the wait's failure (the ring is unusable then: the records kvarnd
+  // did not complete are of unknown outcome), or OK. Every sequence's flight ends.
   absl::Status Await(uint32_t first, std::span<const uint64_t> seqs, std::span<const size_t> index,
-                     std::vector<absl::StatusOr<AppendInfo>>* out)      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                     std::vector<absl::StatusOr<AppendInfo>>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Session* const session_;
   const FdMapping memory_;
