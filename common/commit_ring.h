@@ -29,7 +29,7 @@
 namespace kvarn::ring {
 
 inline constexpr uint32_t kMagic = 0x4b565243;  // "KVRC"
-inline constexpr uint32_t kVersion = 2;  // 2: the polling word
+inline constexpr uint32_t kVersion = 2;         // 2: the polling word
 // Token ids one record carries: a decode step commits 1, speculative decoding a few. Larger
 // commits go through CommitBatch.
 inline constexpr uint32_t kRecordTokens = 28;
@@ -58,10 +58,10 @@ struct Header {
   // its mask, beside the client, watching the tail for a while after it (`polling`).
   std::atomic<uint32_t> cpu;
   // The daemon's: nonzero while the drain thread watches this ring's tail without waiting
-  // for its doorbell (after a pipelined batch, for up to kvarnd's ring_watch_us). A client that stored its tail and then (after a seq_cst fence) reads
-  // nonzero may skip the doorbell: the daemon clears the word, fences, and looks at the tail
-  // once more before it sleeps. A hint only: a client that scribbles it delays its own
-  // commits, no one else's.
+  // for its doorbell (after a pipelined batch, for up to kvarnd's ring_watch_us). A client that
+  // stored its tail and then (after a seq_cst fence) reads nonzero may skip the doorbell: the
+  // daemon clears the word, fences, and looks at the tail once more before it sleeps. A hint only:
+  // a client that scribbles it delays its own commits, no one else's.
   alignas(64) std::atomic<uint32_t> polling;
   // The daemon's: records completed (a free-running count); the futex word clients wait on.
   alignas(64) std::atomic<uint32_t> done;

@@ -330,10 +330,12 @@ void Session::EndRingFlightLocked(uint64_t seq, bool unknown) {
   }
 }
 
-absl::StatusOr<SequenceTable> Session::RememberCommitLocked(uint64_t seq, const ring::Completion& c) {
+absl::StatusOr<SequenceTable> Session::RememberCommitLocked(uint64_t seq,
+                                                            const ring::Completion& c) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) {
-    return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " was released while its ring commit was in flight"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("sequence ", seq, " was released while its ring commit was in flight"));
   }
   SeqState& st = it->second;
   st.in_ring = false;

@@ -64,10 +64,9 @@ CommitRing::~CommitRing() {
 }
 
 absl::Status CommitRing::Unusable() const {
-  return absl::FailedPreconditionError(absl::StrCat("the commit ring is unusable (",
-                                                    absl::StatusCodeToString(unusable_.code()), ": ",
-                                                    unusable_.message(),
-                                                    "): use Session::CommitBatch, or a new session"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("the commit ring is unusable (", absl::StatusCodeToString(unusable_.code()),
+                   ": ", unusable_.message(), "): use Session::CommitBatch, or a new session"));
 }
 
 absl::Status CommitRing::WaitFor(uint32_t target) {
@@ -111,13 +110,17 @@ void CommitRing::WriteRecord(uint64_t sequence, std::span<const uint32_t> ids) {
   ring::Record r{};
   r.sequence = sequence;
   r.tokens = static_cast<uint32_t>(ids.size());
-  uint8_t* dst = memory_.data() + ring::RecordsOffset() + size_t{tail_ & (capacity_ - 1)} * sizeof(ring::Record);
-  std::memcpy(dst, &r, ring::kRecordHeadBytes);  // the head and the ids in use: the daemon reads no more
+  uint8_t* dst = memory_.data() + ring::RecordsOffset() +
+                 size_t{tail_ & (capacity_ - 1)} * sizeof(ring::Record);
+  // The head and the ids in use: the daemon reads no more.
+  std::memcpy(dst, &r, ring::kRecordHeadBytes);
   std::memcpy(dst + ring::kRecordHeadBytes, ids.data(), ids.size_bytes());
   ++tail_;
   // The next record's line was last read by the daemon: ask for it now, so that the next
   // Publish's fence does not wait for it.
-  __builtin_prefetch(memory_.data() + ring::RecordsOffset() + size_t{tail_ & (capacity_ - 1)} * sizeof(ring::Record), 1);
+  __builtin_prefetch(memory_.data() + ring::RecordsOffset() +
+                         size_t{tail_ & (capacity_ - 1)} * sizeof(ring::Record),
+                     1);
 }
 
 absl::Status CommitRing::PublishTail(uint32_t cpu_hint, bool always_ring) {
@@ -135,7 +138,8 @@ absl::Status CommitRing::PublishTail(uint32_t cpu_hint, bool always_ring) {
     // this tail, or this sees `polling` cleared (`done` stored) and rings.
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (h->polling.load(std::memory_order_relaxed) != 0) return absl::OkStatus();
-    if (static_cast<int32_t>(rung_at_ - h->done.load(std::memory_order_relaxed)) > 0) return absl::OkStatus();
+    if (static_cast<int32_t>(rung_at_ - h->done.load(std::memory_order_relaxed)) > 0)
+      return absl::OkStatus();
   }
   rung_at_ = tail_;
   const uint64_t one = 1;
@@ -148,7 +152,8 @@ absl::Status CommitRing::PublishTail(uint32_t cpu_hint, bool always_ring) {
   return absl::OkStatus();
 }
 
-absl::Status CommitRing::Await(uint32_t first, std::span<const uint64_t> seqs, std::span<const size_t> index,
+absl::Status CommitRing::Await(uint32_t first, std::span<const uint64_t> seqs,
+                               std::span<const size_t> index,
                                std::vector<absl::StatusOr<AppendInfo>>* out) {
   const uint32_t target = first + static_cast<uint32_t>(seqs.size());
   size_t answered = seqs.size();  // records kvarnd completed
@@ -158,7 +163,8 @@ absl::Status CommitRing::Await(uint32_t first, std::span<const uint64_t> seqs, s
     // their answers; the others' outcome is unknown (it may still apply them).
     unusable_ = w;
     call = w;
-    const int32_t done = static_cast<int32_t>(header()->done.load(std::memory_order_acquire) - first);
+    const int32_t done =
+        static_cast<int32_t>(header()->done.load(std::memory_order_acquire) - first);
     answered = static_cast<size_t>(std::clamp<int32_t>(done, 0, static_cast<int32_t>(seqs.size())));
   } else {
     // Every doorbell's records are done: keeps `rung_at_ - done` within the ring however long
@@ -168,7 +174,8 @@ absl::Status CommitRing::Await(uint32_t first, std::span<const uint64_t> seqs, s
   const uint8_t* completions = memory_.data() + ring::CompletionsOffset(capacity_);
   // The daemon's core wrote these lines: request them all before reading any.
   for (size_t k = 0; k < answered; ++k) {
-    __builtin_prefetch(completions + size_t{(first + k) & (capacity_ - 1)} * sizeof(ring::Completion));
+    __builtin_prefetch(completions +
+                       size_t{(first + k) & (capacity_ - 1)} * sizeof(ring::Completion));
   }
   MutexLock lock(&session_->mu_);  // one lock for the batch's tables
   for (size_t k = answered; k < seqs.size(); ++k) {
@@ -187,7 +194,8 @@ absl::Status CommitRing::Await(uint32_t first, std::span<const uint64_t> seqs, s
     if (c.position != pos || c.message_bytes > ring::kMessageBytes) {
       result = absl::InternalError("kvarnd's ring completion does not answer this commit");
     } else if (c.code != 0) {
-      result = absl::Status(static_cast<absl::StatusCode>(c.code), std::string(c.message, c.message_bytes));
+      result = absl::Status(static_cast<absl::StatusCode>(c.code),
+                            std::string(c.message, c.message_bytes));
       if (c.call != 0 && call.ok()) call = result.status();  // as CommitBatch's outer status
     } else {
       auto table = session_->RememberCommitLocked(seqs[k], c);
@@ -211,7 +219,8 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitRing::Commit(
   MutexLock lock(&mu_);
   if (!unusable_.ok()) return Unusable();
   if (!published_.empty()) {
-    return absl::FailedPreconditionError("published ring commits await Collect: Collect them before Commit");
+    return absl::FailedPreconditionError(
+        "published ring commits await Collect: Collect them before Commit");
   }
   const uint32_t first = tail_;
   {
@@ -240,7 +249,8 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitRing::Commit(
     }
     if (sent.empty()) return out;
     if (sent.size() > capacity_) {
-      return absl::ResourceExhaustedError(absl::StrCat("a batch of ", sent.size(), " commits exceeds the ring's ", capacity_,
+      return absl::ResourceExhaustedError(absl::StrCat("a batch of ", sent.size(),
+                                                       " commits exceeds the ring's ", capacity_,
                                                        " records: split it or use CommitBatch"));
     }
     for (size_t i : sent) {
@@ -250,7 +260,9 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitRing::Commit(
     }
   }
   const int cpu = sched_getcpu();
-  if (absl::Status p = PublishTail(cpu >= 0 ? static_cast<uint32_t>(cpu) + 1 : 0, /*always_ring=*/true); !p.ok()) {
+  if (absl::Status p =
+          PublishTail(cpu >= 0 ? static_cast<uint32_t>(cpu) + 1 : 0, /*always_ring=*/true);
+      !p.ok()) {
     // The records are published: kvarnd may apply them without the doorbell (it watches the
     // ring, or looks when another doorbell rings).
     session_->EndRingFlight(seqs, /*unknown=*/true);
@@ -271,13 +283,15 @@ absl::Status CommitRing::Publish(uint64_t sequence, std::span<const uint32_t> id
     } else if (absl::Status f = Session::CheckNotInRing(sequence, it->second); !f.ok()) {
       refused = f;
     } else if (static_cast<int>(ids.size()) != it->second.staged) {
-      refused = absl::InvalidArgumentError(absl::StrCat(ids.size(), " token ids for ", it->second.staged, " staged tokens"));
+      refused = absl::InvalidArgumentError(
+          absl::StrCat(ids.size(), " token ids for ", it->second.staged, " staged tokens"));
     } else if (ids.size() > ring::kRecordTokens) {
-      refused = absl::InvalidArgumentError(absl::StrCat("a ring commit carries at most ", ring::kRecordTokens,
-                                                        " tokens, not ", ids.size(), ": use CommitBatch"));
+      refused = absl::InvalidArgumentError(absl::StrCat("a ring commit carries at most ",
+                                                        ring::kRecordTokens, " tokens, not ",
+                                                        ids.size(), ": use CommitBatch"));
     } else if (in_ring_ == capacity_) {
-      refused = absl::ResourceExhaustedError(
-          absl::StrCat("the ring's ", capacity_, " records all await Collect: Collect before publishing more"));
+      refused = absl::ResourceExhaustedError(absl::StrCat(
+          "the ring's ", capacity_, " records all await Collect: Collect before publishing more"));
     } else {
       WriteRecord(sequence, ids);
       it->second.in_ring = true;
@@ -287,7 +301,8 @@ absl::Status CommitRing::Publish(uint64_t sequence, std::span<const uint32_t> id
   if (!refused.ok()) return refused;
   ++in_ring_;
   const int cpu = sched_getcpu();
-  return PublishTail((cpu >= 0 ? static_cast<uint32_t>(cpu) + 1 : 0) | ring::kCpuPipelined, /*always_ring=*/false);
+  return PublishTail((cpu >= 0 ? static_cast<uint32_t>(cpu) + 1 : 0) | ring::kCpuPipelined,
+                     /*always_ring=*/false);
 }
 
 absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitRing::Collect() {
@@ -300,7 +315,8 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitRing::Collect() {
     if (p.refused.ok()) {
       seqs.push_back(p.sequence);
       index.push_back(out.size());
-      out.emplace_back(absl::Status(absl::StatusCode::kUnknown, ""));  // Await's to fill; no message, no allocation
+      out.emplace_back(absl::Status(absl::StatusCode::kUnknown,
+                                    ""));  // Await's to fill; no message, no allocation
     } else {
       out.emplace_back(std::move(p.refused));
     }

@@ -103,7 +103,8 @@ class CommitRing {
   // Commits the staged tokens of many sequences, as Session::CommitBatch: the outer status is
   // the call's (the session's errors, the ring's limits above), then one status per item.
   absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> Commit(
-      const std::vector<std::pair<uint64_t, std::vector<uint32_t>>>& items) ABSL_LOCKS_EXCLUDED(mu_);
+      const std::vector<std::pair<uint64_t, std::vector<uint32_t>>>& items)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Publishes one sequence's staged tokens for kvarnd to commit now (above); OK once the
   // record is in the ring, else why it is not (or INTERNAL: it is in, but the doorbell failed).
   absl::Status Publish(uint64_t sequence, std::span<const uint32_t> ids) ABSL_LOCKS_EXCLUDED(mu_);
@@ -128,7 +129,8 @@ class CommitRing {
   // Waits until kvarnd completed every record before `target`; OK, or why not.
   absl::Status WaitFor(uint32_t target) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes a record at tail_ (not yet published) and advances tail_.
-  void WriteRecord(uint64_t sequence, std::span<const uint32_t> ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WriteRecord(uint64_t sequence, std::span<const uint32_t> ids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Publishes the records before tail_, naming `cpu_hint` (1 + a CPU, 0 for none) in the
   // header; rings the doorbell always, or only when kvarnd is not watching the ring.
   absl::Status PublishTail(uint32_t cpu_hint, bool always_ring) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -137,7 +139,8 @@ class CommitRing {
   // (the call's status), the wait's failure (the ring is unusable then: the records kvarnd
   // did not complete are of unknown outcome), or OK. Every sequence's flight ends.
   absl::Status Await(uint32_t first, std::span<const uint64_t> seqs, std::span<const size_t> index,
-                     std::vector<absl::StatusOr<AppendInfo>>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                     std::vector<absl::StatusOr<AppendInfo>>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Session* const session_;
   const FdMapping memory_;
@@ -146,7 +149,7 @@ class CommitRing {
   Mutex mu_;
   uint32_t tail_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t rung_at_ ABSL_GUARDED_BY(mu_) = 0;  // tail_ when the doorbell last rang
-  uint32_t hint_ ABSL_GUARDED_BY(mu_) = 0;     // the header's cpu word as this client last stored it
+  uint32_t hint_ ABSL_GUARDED_BY(mu_) = 0;  // the header's cpu word as this client last stored it
   // Publish's items since the last Collect, in order: a refused one holds its status; the
   // published ones are the records [tail_ - in_ring, tail_).
   struct Published {

@@ -2,6 +2,8 @@
 // the ring commits the same state as CommitBatch, gives its errors with the same codes and
 // messages, refuses what it cannot carry before writing anything, and stops once the session
 // or the ring is gone; its commits tell the daemon which CPU they come from.
+#include "client/lib/commit_ring.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -14,7 +16,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/lib/client.h"
-#include "client/lib/commit_ring.h"
 #include "kernels/fp16.h"
 #include "tests/client/lib/in_process_daemon.h"
 
@@ -148,7 +149,9 @@ void CommitRingTest::SameStateAsCommitBatch(bool pipelined) {
 }
 
 TEST_F(CommitRingTest, RingCommitsTheSameStateAsCommitBatch) { SameStateAsCommitBatch(false); }
-TEST_F(CommitRingTest, PipelinedCommitsGiveTheSameStateAsCommitBatch) { SameStateAsCommitBatch(true); }
+TEST_F(CommitRingTest, PipelinedCommitsGiveTheSameStateAsCommitBatch) {
+  SameStateAsCommitBatch(true);
+}
 
 // Without the drain thread's watch, Publish rings the doorbell only when kvarnd has completed
 // the records of its last one (kvarnd looks at the tail again after each batch): many steps
@@ -179,14 +182,17 @@ TEST(CommitRingUnwatchedTest, PipelinedCommitsAllCompleteWithoutTheWatch) {
   for (int step = 0; step < kSteps; ++step) {
     for (size_t i = 0; i < q.size(); ++i) {
       ASSERT_TRUE((*s)->Stage(q[i], 1, kv.data(), kv.data(), DType::kF32).ok());
-      ASSERT_TRUE((*ring)->Publish(q[i], std::vector<uint32_t>{static_cast<uint32_t>(step * 8 + i)}).ok());
+      ASSERT_TRUE(
+          (*ring)->Publish(q[i], std::vector<uint32_t>{static_cast<uint32_t>(step * 8 + i)}).ok());
     }
     auto got = (*ring)->Collect();
     ASSERT_TRUE(got.ok()) << "step " << step << ": " << got.status();
     for (const auto& r : *got) ASSERT_TRUE(r.ok()) << "step " << step << ": " << r.status();
   }
-  for (uint64_t seq : q) EXPECT_EQ(*h.SequenceTokens((*s)->Ref(), seq), static_cast<uint64_t>(kSteps));
-  EXPECT_GE((*ring)->doorbells(), static_cast<uint64_t>(kSteps));  // the first Publish of a step rings
+  for (uint64_t seq : q)
+    EXPECT_EQ(*h.SequenceTokens((*s)->Ref(), seq), static_cast<uint64_t>(kSteps));
+  EXPECT_GE((*ring)->doorbells(),
+            static_cast<uint64_t>(kSteps));  // the first Publish of a step rings
   EXPECT_LE((*ring)->doorbells(), static_cast<uint64_t>(kSteps * q.size()));
   ring->reset();
   s->reset();
@@ -221,8 +227,9 @@ TEST_F(CommitRingTest, PublishRefusesWhatCommitRefusesAndASequenceInFlight) {
   in_flight(s->MarkStaged(q[1], 1), "MarkStaged");
   in_flight(s->TailSlot(q[1]).status(), "TailSlot");
   in_flight(s->Commit(q[1], std::vector<uint32_t>{7}).status(), "Commit");
-  in_flight(s->AppendInline(q[1], std::vector<uint32_t>{7}, kv.data(), kv.data(), DType::kF32).status(),
-            "AppendInline");
+  in_flight(
+      s->AppendInline(q[1], std::vector<uint32_t>{7}, kv.data(), kv.data(), DType::kF32).status(),
+      "AppendInline");
   in_flight(s->Fork(q[1]).status(), "Fork");
   auto other = s->CommitBatch({{q[1], {7}}});
   ASSERT_TRUE(other.ok());
@@ -267,7 +274,9 @@ TEST_F(CommitRingTest, APublishedCommitKvarndRejectsChangesNothing) {
   ASSERT_TRUE(slot.ok());
   const BlockLayout& l = s->block_layout();
   const uint16_t nan = 0x7E00;
-  std::memcpy(slot->first + l.Fp16ValuesOffset(1, 0) + static_cast<size_t>(slot->second) * l.head_dim * 2 + 6, &nan, 2);
+  std::memcpy(slot->first + l.Fp16ValuesOffset(1, 0) +
+                  static_cast<size_t>(slot->second) * l.head_dim * 2 + 6,
+              &nan, 2);
   ASSERT_TRUE(s->MarkStaged(q, 1).ok());
   auto want = s->CommitBatch({{q, {3}}});
   ASSERT_TRUE(want.ok());
@@ -281,7 +290,9 @@ TEST_F(CommitRingTest, APublishedCommitKvarndRejectsChangesNothing) {
   // The token stays staged (as after CommitBatch's refusal) and the sequence is free.
   EXPECT_TRUE(s->TailSlot(q).ok());
   const uint16_t one = 0x3C00;
-  std::memcpy(slot->first + l.Fp16ValuesOffset(1, 0) + static_cast<size_t>(slot->second) * l.head_dim * 2 + 6, &one, 2);
+  std::memcpy(slot->first + l.Fp16ValuesOffset(1, 0) +
+                  static_cast<size_t>(slot->second) * l.head_dim * 2 + 6,
+              &one, 2);
   ASSERT_TRUE((*ring)->Publish(q, std::vector<uint32_t>{3}).ok());
   auto fixed = (*ring)->Collect();
   ASSERT_TRUE(fixed.ok() && (*fixed)[0].ok()) << fixed.status();
@@ -302,7 +313,8 @@ TEST_F(CommitRingTest, ASessionEndingBeforeCollectIsItsNotFound) {
   // Then: NOT_FOUND again from kvarnd, or the closed ring's FAILED_PRECONDITION (unusable),
   // by the same race; never a commit.
   auto again = ring->Commit({{q, {1}}});
-  EXPECT_TRUE(again.status().code() == Code::kNotFound || again.status().code() == Code::kFailedPrecondition)
+  EXPECT_TRUE(again.status().code() == Code::kNotFound ||
+              again.status().code() == Code::kFailedPrecondition)
       << again.status();
 }
 
@@ -357,7 +369,8 @@ TEST_F(CommitRingTest, AFailedRingBlocksOnlyTheSequencesOfUnknownOutcome) {
   unknown(s->MarkStaged(q, 1), "MarkStaged");
   unknown(s->TailSlot(q).status(), "TailSlot");
   unknown(s->Commit(q, std::vector<uint32_t>{1}).status(), "Commit");
-  unknown(s->AppendInline(q, std::vector<uint32_t>{1}, kv.data(), kv.data(), DType::kF32).status(), "AppendInline");
+  unknown(s->AppendInline(q, std::vector<uint32_t>{1}, kv.data(), kv.data(), DType::kF32).status(),
+          "AppendInline");
   unknown(s->Fork(q).status(), "Fork");
   auto batch = s->CommitBatch({{q, {1}}});
   ASSERT_TRUE(batch.ok()) << batch.status();
@@ -366,7 +379,8 @@ TEST_F(CommitRingTest, AFailedRingBlocksOnlyTheSequencesOfUnknownOutcome) {
   // The ring's calls, from now on.
   const auto unusable = [&](const absl::Status& st, const char* what) {
     EXPECT_EQ(st.code(), Code::kFailedPrecondition) << what << ": " << st;
-    EXPECT_NE(st.message().find("unusable (FAILED_PRECONDITION: the commit ring is closed"), std::string::npos)
+    EXPECT_NE(st.message().find("unusable (FAILED_PRECONDITION: the commit ring is closed"),
+              std::string::npos)
         << what << ": " << st;
   };
   unusable(ring->Publish(other, std::vector<uint32_t>{2}), "Publish");
