@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <span>
@@ -39,18 +38,25 @@ struct CommitRingServer::Ring {
   // The daemon's own head: records consumed. Never read from the shared segment.
   uint32_t head = 0;
   bool broken = false;
-  bool hot = false;  // in Serve's watch list, its `polling` word set
+  // Drain thread only.
+  bool queued = false;                  // in ready_
+  bool hot = false;                     // in hot_, its `polling` word set
+  absl::Time watch_since, watch_until;  // its last pipelined batch, and that + watch
+  int named_cpu = -1;  // the CPU of allowed_ its client named in that batch, -1 for none
   ring::Header* header() const { return reinterpret_cast<ring::Header*>(memory.data()); }
   const uint8_t* record(uint32_t pos) const {
-    return memory.data() + ring::RecordsOffset() + size_t{pos & (capacity - 1)} * sizeof(ring::Record);
+    return memory.data() + ring::RecordsOffset() +
+           size_t{pos & (capacity - 1)} * sizeof(ring::Record);
   }
   ring::Completion* completion(uint32_t pos) const {
     return reinterpret_cast<ring::Completion*>(memory.data() + ring::CompletionsOffset(capacity) +
-                                               size_t{pos & (capacity - 1)} * sizeof(ring::Completion));
+                                               size_t{pos & (capacity - 1)} *
+                                                   sizeof(ring::Completion));
   }
 };
 
-absl::StatusOr<std::unique_ptr<CommitRingServer>> CommitRingServer::Start(KvCore* core, Options options,
+absl::StatusOr<std::unique_ptr<CommitRingServer>> CommitRingServer::Start(KvCore* core,
+                                                                          Options options,
                                                                           RpcObserver* observer) {
   UniqueFd epoll(epoll_create1(EPOLL_CLOEXEC));
   if (!epoll.valid()) return absl::ErrnoToStatus(errno, "epoll_create1");
@@ -59,8 +65,11 @@ absl::StatusOr<std::unique_ptr<CommitRingServer>> CommitRingServer::Start(KvCore
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = kWakeTag;
-  if (epoll_ctl(epoll.get(), EPOLL_CTL_ADD, wake.get(), &ev) != 0) return absl::ErrnoToStatus(errno, "epoll_ctl");
-  std::unique_ptr<CommitRingServer> s(new CommitRingServer(core, options, observer, std::move(epoll), std::move(wake)));
+  if (epoll_ctl(epoll.get(), EPOLL_CTL_ADD, wake.get(), &ev) != 0) {
+    return absl::ErrnoToStatus(errno, "epoll_ctl");
+  }
+  std::unique_ptr<CommitRingServer> s(
+      new CommitRingServer(core, options, observer, std::move(epoll), std::move(wake)));
   s->thread_ = std::thread([p = s.get()] { p->Serve(); });
   return s;
 }
@@ -78,18 +87,22 @@ absl::StatusOr<CommitRingServer::Lent> CommitRingServer::Open(const SessionRef& 
   if (!slots.ok()) return slots.status();
   {
     MutexLock lock(&mu_);
-    if (rings_.contains(ref.session)) return absl::AlreadyExistsError("this session has its commit ring already");
+    if (rings_.contains(ref.session)) {
+      return absl::AlreadyExistsError("this session has its commit ring already");
+    }
   }
   const uint32_t capacity = std::bit_ceil(std::clamp<uint32_t>(*slots, 1, ring::kMaxCapacity));
   auto ring = std::make_shared<Ring>();
   ring->ref = ref;
   ring->capacity = capacity;
-  auto memory = SharedMemory::Create(absl::StrCat("kvarn-ring-", ref.session), ring::SegmentBytes(capacity),
-                                     ClientAccess::kReadWrite);
+  auto memory = SharedMemory::Create(absl::StrCat("kvarn-ring-", ref.session),
+                                     ring::SegmentBytes(capacity), ClientAccess::kReadWrite);
   if (!memory.ok()) return memory.status();
   ring->memory = std::move(*memory);
   ring->doorbell = UniqueFd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!ring->doorbell.valid()) return absl::ResourceExhaustedError(absl::StrCat("eventfd: ", strerror(errno)));
+  if (!ring->doorbell.valid()) {
+    return absl::ResourceExhaustedError(absl::StrCat("eventfd: ", strerror(errno)));
+  }
   ring::Header* h = ring->header();
   h->magic = ring::kMagic;
   h->version = ring::kVersion;
@@ -99,12 +112,16 @@ absl::StatusOr<CommitRingServer::Lent> CommitRingServer::Open(const SessionRef& 
   Lent lent;
   lent.memory = UniqueFd(fcntl(ring->memory.fd(), F_DUPFD_CLOEXEC, 0));
   lent.doorbell = UniqueFd(fcntl(ring->doorbell.get(), F_DUPFD_CLOEXEC, 0));
-  if (!lent.memory.valid() || !lent.doorbell.valid()) return absl::ResourceExhaustedError("no descriptor left to lend a ring");
+  if (!lent.memory.valid() || !lent.doorbell.valid()) {
+    return absl::ResourceExhaustedError("no descriptor left to lend a ring");
+  }
   lent.capacity = capacity;
   lent.bytes = ring->memory.size();
   MutexLock lock(&mu_);
   if (stopped_.load()) return absl::UnavailableError("kvarnd is shutting down");
-  if (rings_.contains(ref.session)) return absl::AlreadyExistsError("this session has its commit ring already");
+  if (rings_.contains(ref.session)) {
+    return absl::AlreadyExistsError("this session has its commit ring already");
+  }
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = ref.session;
@@ -129,17 +146,19 @@ void CommitRingServer::Stop() {
 }
 
 void CommitRingServer::Serve() {
-  std::vector<SessionId> ready, round;
-  std::vector<std::shared_ptr<Ring>> hot;
+  std::vector<std::shared_ptr<Ring>> round;
   epoll_event events[64];
-  uint64_t ended_seen = core_->sessions_ended();
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) CPU_ZERO(&allowed);  // follows nothing
-  cpu_set_t current = allowed;
+  ended_seen_ = core_->sessions_ended();
+  // An unknown mask is an empty one: the thread then follows no hint.
+  if (sched_getaffinity(0, sizeof(allowed_), &allowed_) != 0) CPU_ZERO(&allowed_);
+  current_ = allowed_;
   for (;;) {
-    if (ready.empty() && !hot.empty()) Watch(&hot, &ready);
-    const int timeout_ms = ready.empty() ? static_cast<int>(absl::ToInt64Milliseconds(options_.poll)) : 0;
+    if (ready_.empty() && !hot_.empty()) Watch();
+    // Sleep only with nothing ready and nothing watched (a watch that ended its spin early,
+    // for a doorbell or an ended session, goes on after this round).
+    const int timeout_ms = ready_.empty() && hot_.empty()
+                               ? static_cast<int>(absl::ToInt64Milliseconds(options_.poll))
+                               : 0;
     const int n = epoll_wait(epoll_.get(), events, 64, timeout_ms);
     if (stopped_.load()) break;
     for (int i = 0; i < n; ++i) {
@@ -153,73 +172,136 @@ void CommitRingServer::Serve() {
       }
       if (r == nullptr) continue;
       uint64_t count;
-      [[maybe_unused]] const ssize_t got = read(r->doorbell.get(), &count, sizeof(count));  // resets the doorbell
-      if (std::find(ready.begin(), ready.end(), id) == ready.end()) ready.push_back(id);
+      // Resets the doorbell.
+      [[maybe_unused]] const ssize_t got = read(r->doorbell.get(), &count, sizeof(count));
+      Enqueue(r);
     }
-    // One round: each rung ring gets at most one batch, in turn.
-    round.swap(ready);
-    ready.clear();
-    for (SessionId id : round) {
-      std::shared_ptr<Ring> r;
-      {
-        MutexLock lock(&mu_);
-        auto it = rings_.find(id);
-        if (it != rings_.end()) r = it->second;
-      }
-      if (r == nullptr || r->broken) continue;
+    // A watched ring's client publishes without its doorbell: look at every hot tail once per
+    // round, so its records are served in the next round even while other rings keep this
+    // thread from ever running out of work (and so from Watch).
+    if (!hot_.empty()) LookAtHot(options_.clock->Now());
+    // One round: each ready ring gets at most one batch, in turn.
+    round.swap(ready_);
+    ready_.clear();
+    for (const std::shared_ptr<Ring>& r : round) {
+      r->queued = false;
+      if (r->broken) continue;
       const uint32_t hint = r->header()->cpu.load(std::memory_order_relaxed);  // read once
-      if (options_.follow_client_cpu) PlaceThread(hint, allowed, &current);
+      if (options_.follow_client_cpu) PlaceThread(hint);
       const int on = sched_getcpu();
       last_cpu_.store(on, std::memory_order_relaxed);
-      if (Drain(*r)) ready.push_back(id);
-      // A pipelining client publishes its commits one by one as it stages them: watch for the
-      // next rather than sleep until its doorbell, unless this thread shares the client's CPU
-      // (spinning there would hold up the very Stage it waits for).
-      const bool pipelined = (hint & ring::kCpuPipelined) != 0;
-      const uint32_t named = hint & ~ring::kCpuPipelined;
-      if (pipelined && on + 1 != static_cast<int64_t>(named) && options_.watch > absl::ZeroDuration() && !r->broken &&
-          !r->hot) {
-        r->hot = true;
-        r->header()->polling.store(1, std::memory_order_relaxed);
-        hot.push_back(std::move(r));
-      }
+      const uint32_t head = r->head;
+      if (Drain(*r)) Enqueue(r);
+      // A doorbell without records changes nothing; a batch decides the ring's watch.
+      if (r->head != head || r->broken) DecideWatch(r, hint, on);
     }
-    if (const uint64_t ended = core_->sessions_ended(); ended != ended_seen) {
-      ended_seen = ended;
+    round.clear();
+    if (const uint64_t ended = core_->sessions_ended(); ended != ended_seen_) {
+      ended_seen_ = ended;
       Sweep();
     }
   }
-  for (auto& r : hot) r->header()->polling.store(0, std::memory_order_relaxed);
+  EndWatches([](const Ring&) { return true; });
+  for (const auto& r : ready_) r->queued = false;
+  ready_.clear();
 }
 
-void CommitRingServer::Watch(std::vector<std::shared_ptr<Ring>>* hot, std::vector<SessionId>* ready) {
-  const auto pending = [](const Ring& r) {
-    return !r.broken && r.header()->tail.load(std::memory_order_acquire) != r.head;
-  };
-  const auto until = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(options_.watch);
-  for (int round = 1;; ++round) {
-    for (const auto& r : *hot) {
-      if (pending(*r)) ready->push_back(r->ref.session);
-    }
-    if (!ready->empty() || stopped_.load(std::memory_order_relaxed)) return;
-    if (std::chrono::steady_clock::now() >= until) break;
-    for (int i = 0; i < 16; ++i) ring::CpuRelax();
-    // A client the scheduler moved onto this CPU since the batch would wait for the watch
-    // to end: let anything runnable here go first, every few microseconds.
-    if (round % 4 == 0) sched_yield();
+void CommitRingServer::Enqueue(const std::shared_ptr<Ring>& r) {
+  if (r->queued) return;
+  r->queued = true;
+  ready_.push_back(r);
+}
+
+void CommitRingServer::DecideWatch(const std::shared_ptr<Ring>& r, uint32_t hint, int on) {
+  // A pipelining client publishes its commits one by one as it stages them: watch for the
+  // next rather than sleep until its doorbell, unless this thread shares the client's CPU
+  // (spinning there would hold up the very Stage it waits for). Anything else, a plain batch
+  // included, ends the watch: membership is the last batch's, not the first's.
+  const bool pipelined = (hint & ring::kCpuPipelined) != 0;
+  const uint32_t named = hint & ~ring::kCpuPipelined;
+  const bool watch = pipelined && options_.watch > absl::ZeroDuration() && !r->broken &&
+                     static_cast<int64_t>(on) + 1 != static_cast<int64_t>(named);
+  if (!watch) {
+    if (r->hot) EndWatches([&r](const Ring& x) { return &x == r.get(); });
+    return;
   }
-  // Going to sleep: clear `polling`, then look at each tail once more. A client stores its
-  // tail, fences, then reads `polling`: either this look sees its records or it sees 0 and
-  // rings the doorbell.
-  for (const auto& r : *hot) {
-    r->header()->polling.store(0, std::memory_order_relaxed);
-    r->hot = false;
+  const absl::Time now = options_.clock->Now();
+  r->watch_since = now;
+  r->watch_until = now + options_.watch;
+  const bool usable = named >= 1 && named <= CPU_SETSIZE && CPU_ISSET(named - 1, &allowed_);
+  r->named_cpu = usable ? static_cast<int>(named) - 1 : -1;
+  if (r->hot) return;
+  r->hot = true;
+  r->header()->polling.store(1, std::memory_order_relaxed);
+  hot_.push_back(r);
+  watched_.store(hot_.size());
+}
+
+void CommitRingServer::EndWatches(absl::FunctionRef<bool(const Ring&)> ends) {
+  const auto first = std::partition(hot_.begin(), hot_.end(),
+                                    [&](const std::shared_ptr<Ring>& r) { return !ends(*r); });
+  if (first == hot_.end()) return;
+  for (auto it = first; it != hot_.end(); ++it) {
+    (*it)->header()->polling.store(0, std::memory_order_relaxed);
+    (*it)->hot = false;
   }
+  // The last look: a client stores its tail, fences, then reads `polling`; either this look
+  // sees its records or it saw 0 and rang the doorbell.
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  for (const auto& r : *hot) {
-    if (pending(*r)) ready->push_back(r->ref.session);
+  for (auto it = first; it != hot_.end(); ++it) {
+    const Ring& r = **it;
+    if (!r.broken && r.header()->tail.load(std::memory_order_acquire) != r.head) Enqueue(*it);
   }
-  hot->clear();
+  hot_.erase(first, hot_.end());
+  watched_.store(hot_.size());
+}
+
+void CommitRingServer::LookAtHot(absl::Time now) {
+  // A clock that went back ends the watch too: a deadline it can no longer be trusted for.
+  EndWatches(
+      [now](const Ring& r) { return r.broken || now >= r.watch_until || now < r.watch_since; });
+  for (const std::shared_ptr<Ring>& r : hot_) {
+    if (r->header()->tail.load(std::memory_order_acquire) != r->head) Enqueue(r);
+  }
+}
+
+void CommitRingServer::Watch() {
+  if (options_.follow_client_cpu && !PlaceForWatch()) {
+    watches_unplaced_.fetch_add(1);
+    EndWatches([](const Ring&) { return true; });
+    return;
+  }
+  for (int round = 1;; ++round) {
+    LookAtHot(options_.clock->Now());
+    if (!ready_.empty() || hot_.empty() || stopped_.load(std::memory_order_relaxed)) return;
+    for (int i = 0; i < 16; ++i) ring::CpuRelax();
+    if (round % 4 == 0) {
+      // Another ring's doorbell (or Stop) ends the spin, every few microseconds: the probe
+      // leaves it pending (level-triggered), for Serve's epoll_wait. So does a session's end,
+      // for Serve's Sweep.
+      epoll_event ev;
+      if (epoll_wait(epoll_.get(), &ev, 1, 0) > 0) return;
+      if (core_->sessions_ended() != ended_seen_) return;
+      // A client the scheduler moved onto this CPU since the batch would wait for the watch
+      // to end: let anything runnable here go first.
+      sched_yield();
+    }
+  }
+}
+
+bool CommitRingServer::PlaceForWatch() {
+  if (CPU_COUNT(&allowed_) == 0) return true;  // mask unknown: never narrowed, nothing to undo
+  cpu_set_t want = allowed_;
+  for (const std::shared_ptr<Ring>& r : hot_) {
+    if (r->named_cpu >= 0) CPU_CLR(r->named_cpu, &want);
+  }
+  if (pinned_cpu_ >= 0) CPU_CLR(pinned_cpu_, &want);
+  if (CPU_COUNT(&want) == 0) return false;
+  if (CPU_EQUAL(&want, &current_)) return true;
+  if (sched_setaffinity(0, sizeof(want), &want) != 0) return false;
+  current_ = want;
+  pinned_cpu_ = -1;
+  return true;
 }
 
 bool CommitRingServer::Drain(Ring& r) {
@@ -228,8 +310,10 @@ bool CommitRingServer::Drain(Ring& r) {
   const uint32_t pending = tail - r.head;
   if (pending == 0) return false;
   if (pending > r.capacity) {
-    Break(r, absl::FailedPreconditionError(absl::StrCat("the commit ring's tail is ", pending, " records past the daemon's head; the ring holds ",
-                                                        r.capacity, ": the ring is closed, commit with CommitBatch")));
+    Break(r, absl::FailedPreconditionError(
+                 absl::StrCat("the commit ring's tail is ", pending,
+                              " records past the daemon's head; the ring holds ", r.capacity,
+                              ": the ring is closed, commit with CommitBatch")));
     return false;
   }
   const absl::Time start = absl::Now();
@@ -241,7 +325,8 @@ bool CommitRingServer::Drain(Ring& r) {
     const uint8_t* src = r.record(r.head + i);
     ring::CopyOut(&records[i], src, ring::kRecordHeadBytes);
     if (records[i].tokens <= ring::kRecordTokens) {
-      ring::CopyOut(records[i].ids, src + ring::kRecordHeadBytes, records[i].tokens * sizeof(uint32_t));
+      ring::CopyOut(records[i].ids, src + ring::kRecordHeadBytes,
+                    records[i].tokens * sizeof(uint32_t));
     }
   }
   std::vector<std::pair<SequenceId, std::span<const uint32_t>>> items;
@@ -250,7 +335,8 @@ bool CommitRingServer::Drain(Ring& r) {
   for (uint32_t i = 0; i < pending; ++i) {
     if (records[i].tokens > ring::kRecordTokens) continue;
     item_of[i] = static_cast<int>(items.size());
-    items.emplace_back(records[i].sequence, std::span<const uint32_t>(records[i].ids, records[i].tokens));
+    items.emplace_back(records[i].sequence,
+                       std::span<const uint32_t>(records[i].ids, records[i].tokens));
   }
   auto results = core_->AppendBatch(r.ref, items);
   for (uint32_t i = 0; i < pending; ++i) {
@@ -260,8 +346,8 @@ bool CommitRingServer::Drain(Ring& r) {
     if (!results.ok()) {
       st = results.status();
     } else if (item_of[i] < 0) {
-      st = absl::InvalidArgumentError(absl::StrCat("a ring record carries 1..", ring::kRecordTokens, " tokens, not ",
-                                                   records[i].tokens));
+      st = absl::InvalidArgumentError(absl::StrCat("a ring record carries 1..", ring::kRecordTokens,
+                                                   " tokens, not ", records[i].tokens));
     } else {
       const absl::StatusOr<AppendResult>& a = (*results)[static_cast<size_t>(item_of[i])];
       st = a.status();
@@ -287,7 +373,9 @@ bool CommitRingServer::Drain(Ring& r) {
   ring::FutexWakeAll(&h->done);
   commits_.fetch_add(pending);
   if (observer_ != nullptr) {
-    observer_->OnRpc("CommitRing", static_cast<grpc::StatusCode>(static_cast<int>(results.status().code())), absl::Now() - start);
+    observer_->OnRpc("CommitRing",
+                     static_cast<grpc::StatusCode>(static_cast<int>(results.status().code())),
+                     absl::Now() - start);
   }
   if (absl::IsNotFound(results.status())) {
     Break(r, results.status());  // the session is gone; Sweep drops the ring
@@ -300,31 +388,34 @@ bool CommitRingServer::Drain(Ring& r) {
   return h->tail.load(std::memory_order_relaxed) != r.head;
 }
 
-void CommitRingServer::PlaceThread(uint32_t hint, const cpu_set_t& allowed, cpu_set_t* current) {
+void CommitRingServer::PlaceThread(uint32_t hint) {
   // The hint is the client's to write: anything but a CPU of the thread's own mask leaves the
   // thread on its whole mask.
   const bool pipelined = (hint & ring::kCpuPipelined) != 0;
   const uint32_t named = hint & ~ring::kCpuPipelined;
-  cpu_set_t want = allowed;
-  const bool usable = named >= 1 && named <= CPU_SETSIZE && CPU_ISSET(named - 1, &allowed);
+  cpu_set_t want = allowed_;
+  const bool usable = named >= 1 && named <= CPU_SETSIZE && CPU_ISSET(named - 1, &allowed_);
   if (usable && pipelined) {
     CPU_CLR(named - 1, &want);
-    if (CPU_COUNT(&want) == 0) want = allowed;  // no other CPU: share the client's
+    if (CPU_COUNT(&want) == 0) want = allowed_;  // no other CPU: share the client's
   } else if (usable) {
     CPU_ZERO(&want);
     CPU_SET(named - 1, &want);
   }
-  if (CPU_EQUAL(&want, current)) return;
-  if (sched_setaffinity(0, sizeof(want), &want) != 0) return;  // e.g. the CPU went offline
-  *current = want;
-  if (usable && !pipelined) cpu_moves_.fetch_add(1);
+  if (!CPU_EQUAL(&want, &current_)) {
+    if (sched_setaffinity(0, sizeof(want), &want) != 0) return;  // e.g. the CPU went offline
+    current_ = want;
+    if (usable && !pipelined) cpu_moves_.fetch_add(1);
+  }
+  pinned_cpu_ = usable && !pipelined ? static_cast<int>(named) - 1 : -1;
 }
 
 void CommitRingServer::Break(Ring& r, const absl::Status& why) {
   if (r.broken) return;
   r.broken = true;
   broken_.fetch_add(1);
-  epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, r.doorbell.get(), nullptr);  // its doorbell costs nothing now
+  epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, r.doorbell.get(),
+            nullptr);  // its doorbell costs nothing now
   ring::Header* h = r.header();
   uint32_t bytes = 0;
   WriteMessage(why.message(), h->broken_message, &bytes);
@@ -332,7 +423,8 @@ void CommitRingServer::Break(Ring& r, const absl::Status& why) {
   h->broken.store(static_cast<uint32_t>(why.code()), std::memory_order_release);
   ring::FutexWakeAll(&h->done);
   if (!absl::IsNotFound(why) && !absl::IsUnavailable(why)) {
-    Log(LogLevel::kWarning, "commit_ring_broken", {{"session", r.ref.session}, {"reason", why.ToString()}});
+    Log(LogLevel::kWarning, "commit_ring_broken",
+        {{"session", r.ref.session}, {"reason", why.ToString()}});
   }
 }
 
@@ -348,7 +440,8 @@ void CommitRingServer::Sweep() {
     MutexLock lock(&mu_);
     rings_.erase(id);
   }
+  // Nothing keeps an ended session's ring (its segment and eventfd) alive.
+  EndWatches([](const Ring& r) { return r.broken; });
 }
 
 }  // namespace kvarn
-

@@ -205,7 +205,10 @@ const std::map<std::string, Key>& Keys() {
       {"metrics", Str("host:port of the Prometheus /metrics endpoint, empty disables (default 127.0.0.1:9464)", &DaemonConfig::metrics)},
       {"huge_pages", OneOf("host backend: put the pool's segments on the kernel's huge pages (vm.nr_hugepages): off, try (base pages when too few are free) or on (too few free: kvarnd does not start, a session is refused) (default off)", &DaemonConfig::huge_pages, {"off", "try", "on"})},
       {"ring_follow_cpu", Bool("true: drain a commit ring on the CPU its client committed from, if kvarnd's CPU mask allows it (default true)", &DaemonConfig::ring_follow_cpu)},
-      {"ring_watch_us", {"after a batch its client published without a CPU hint (CommitRing::Publish), the commit ring's drain thread watches that ring's tail this long before it sleeps, us; 0 always sleeps (default 50)",
+      {"ring_watch_us", {"after a pipelined batch (CommitRing::Publish), drained on another CPU than its "
+                         "client's, the commit ring's drain thread watches that ring's tail until this "
+                         "long after the ring's last batch, us; 0 always sleeps on the doorbells "
+                         "(default 50)",
                          [](const std::string& v, DaemonConfig* c) {
                            int64_t x;
                            if (!absl::SimpleAtoi(v, &x) || x < 0 || x > 10000) return Bad(v, "0..10000 microseconds");

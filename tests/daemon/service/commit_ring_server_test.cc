@@ -3,16 +3,20 @@
 // session. Promises: the same codes and messages as AppendBatch, garbage and a rejected
 // commit change nothing, a scribbled tail closes only that ring, a session ending mid-batch
 // leaves nothing half-applied, stopping closes every ring with UNAVAILABLE, and the drain
-// thread follows a client's CPU hint only to a CPU of its own mask; a ring whose client
-// pipelines is drained beside it and watched after its batch, and its `polling` word misleads
-// no one but its client.
+// thread follows a client's CPU hint only to a CPU of its own mask. A ring whose client
+// pipelines is drained beside it and watched after its batch: each watched ring has its own
+// deadline, is served in the next round however busy its neighbours keep the thread, leaves
+// the hot set at a plain batch or its session's end, never has the thread spin on a CPU a
+// client named, and does not hold up another ring's doorbell; its `polling` word misleads no
+// one but its client. Watch tests run on a FakeClock that stands still unless the test
+// advances it, so none depends on the length of a wall-clock window.
 #include <gtest/gtest.h>
-
 #include <sched.h>
 
 #include <random>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_replace.h"
 #include "client/lib/descriptor_client.h"
 #include "common/commit_ring.h"
@@ -32,10 +36,12 @@ struct RawRing {
 
   ring::Header* h() const { return reinterpret_cast<ring::Header*>(memory.data()); }
   ring::Record* record(uint32_t pos) const {
-    return reinterpret_cast<ring::Record*>(memory.data() + ring::RecordsOffset()) + (pos & (capacity - 1));
+    return reinterpret_cast<ring::Record*>(memory.data() + ring::RecordsOffset()) +
+           (pos & (capacity - 1));
   }
   const ring::Completion* completion(uint32_t pos) const {
-    return reinterpret_cast<const ring::Completion*>(memory.data() + ring::CompletionsOffset(capacity)) +
+    return reinterpret_cast<const ring::Completion*>(memory.data() +
+                                                     ring::CompletionsOffset(capacity)) +
            (pos & (capacity - 1));
   }
   void Ring() const {
@@ -46,7 +52,8 @@ struct RawRing {
   // for their completions; an empty result when they did not come.
   std::vector<ring::Completion> Commit(const std::vector<ring::Record>& records) const {
     const uint32_t first = h()->done.load();
-    for (size_t i = 0; i < records.size(); ++i) *record(first + static_cast<uint32_t>(i)) = records[i];
+    for (size_t i = 0; i < records.size(); ++i)
+      *record(first + static_cast<uint32_t>(i)) = records[i];
     const uint32_t target = first + static_cast<uint32_t>(records.size());
     h()->tail.store(target, std::memory_order_release);
     Ring();
@@ -107,10 +114,13 @@ class CommitRingServerTest : public ::testing::Test {
     if (!mem.ok()) return mem.status();
     return RingOnly(ref);
   }
-  absl::StatusOr<RawRing> RingOnly(const v1::SessionRef& ref) { return TakeRing(h_.descriptor_socket(), ref); }
+  absl::StatusOr<RawRing> RingOnly(const v1::SessionRef& ref) {
+    return TakeRing(h_.descriptor_socket(), ref);
+  }
 
   // The AppendBatch RPC for the same records.
-  grpc::Status Batch(const v1::SessionRef& ref, const std::vector<ring::Record>& records, v1::AppendBatchResponse* resp) {
+  grpc::Status Batch(const v1::SessionRef& ref, const std::vector<ring::Record>& records,
+                     v1::AppendBatchResponse* resp) {
     v1::AppendBatchRequest req;
     *req.mutable_session() = ref;
     for (const ring::Record& r : records) {
@@ -141,19 +151,24 @@ TEST_F(CommitRingServerTest, RingGivesAppendBatchsCodesMessagesAndTables) {
   using Item = std::pair<int, std::vector<uint32_t>>;
   const std::vector<std::vector<Item>> script = {
       {{0, {1}}, {1, {2, 3}}},
-      {{0, {}}},                                  // 0 tokens
-      {{2, TokenIds(10, 28)}, {2, {5}}},          // the second finds the sequence busy
+      {{0, {}}},                          // 0 tokens
+      {{2, TokenIds(10, 28)}, {2, {5}}},  // the second finds the sequence busy
       {{2, TokenIds(40, 28)}, {1, TokenIds(70, 28)}},
-      {{2, TokenIds(100, 20)}},                   // past the tail: 8 positions left
-      {{2, TokenIds(120, 8)}, {0, {9}}},          // fills the tail: a seal (the sink tile)
+      {{2, TokenIds(100, 20)}},           // past the tail: 8 positions left
+      {{2, TokenIds(120, 8)}, {0, {9}}},  // fills the tail: a seal (the sink tile)
       {{7, {1}}, {8, {1}}, {1, {4}}},
   };
-  const auto id = [](const std::vector<uint64_t>& own, const std::vector<uint64_t>& other, int i) -> uint64_t {
+  const auto id = [](const std::vector<uint64_t>& own, const std::vector<uint64_t>& other,
+                     int i) -> uint64_t {
     return i == 7 ? 99999 : i == 8 ? other[0] : own[static_cast<size_t>(i)];
   };
-  const auto normalize = [](std::string m, const std::vector<uint64_t>& own, const std::vector<uint64_t>& other) {
-    for (size_t i = 0; i < own.size(); ++i) m = absl::StrReplaceAll(m, {{absl::StrCat("sequence ", own[i]), absl::StrCat("sequence S", i)}});
-    return absl::StrReplaceAll(m, {{absl::StrCat("sequence ", other[0]), "sequence F"}, {"sequence 99999", "sequence U"}});
+  const auto normalize = [](std::string m, const std::vector<uint64_t>& own,
+                            const std::vector<uint64_t>& other) {
+    for (size_t i = 0; i < own.size(); ++i)
+      m = absl::StrReplaceAll(m,
+                              {{absl::StrCat("sequence ", own[i]), absl::StrCat("sequence S", i)}});
+    return absl::StrReplaceAll(
+        m, {{absl::StrCat("sequence ", other[0]), "sequence F"}, {"sequence 99999", "sequence U"}});
   };
   for (size_t n = 0; n < script.size(); ++n) {
     std::vector<ring::Record> ra, rb;
@@ -197,8 +212,10 @@ TEST_F(CommitRingServerTest, RingGivesAppendBatchsCodesMessagesAndTables) {
   ASSERT_EQ(gone.size(), 1u);
   EXPECT_EQ(gone[0].code, static_cast<int>(outer.error_code()));
   EXPECT_EQ(gone[0].call, 1u);
-  EXPECT_EQ(absl::StrReplaceAll(Message(gone[0]), {{absl::StrCat("session ", b.session_id()), "session X"}}),
-            absl::StrReplaceAll(outer.error_message(), {{absl::StrCat("session ", a.session_id()), "session X"}}));
+  EXPECT_EQ(absl::StrReplaceAll(Message(gone[0]),
+                                {{absl::StrCat("session ", b.session_id()), "session X"}}),
+            absl::StrReplaceAll(outer.error_message(),
+                                {{absl::StrCat("session ", a.session_id()), "session X"}}));
 }
 
 TEST_F(CommitRingServerTest, GarbageRecordsGetErrorsAndChangeNothing) {
@@ -227,7 +244,8 @@ TEST_F(CommitRingServerTest, GarbageRecordsGetErrorsAndChangeNothing) {
 }
 
 TEST_F(CommitRingServerTest, ATailOutOfBoundsClosesOnlyThatRing) {
-  const v1::SessionRef x = ServiceHarness::RefOf(h_.Open("x", 2)), y = ServiceHarness::RefOf(h_.Open("y", 2));
+  const v1::SessionRef x = ServiceHarness::RefOf(h_.Open("x", 2)),
+                       y = ServiceHarness::RefOf(h_.Open("y", 2));
   auto rx = OpenRing(x);
   auto ry = OpenRing(y);
   ASSERT_TRUE(rx.ok() && ry.ok());
@@ -290,22 +308,24 @@ TEST_F(CommitRingServerTest, SessionEndingMidBatchLeavesNothingHalfApplied) {
     for (int i = 0; i < 4; ++i) seqs.push_back(h_.CreateSequence(ref));
     ASSERT_TRUE(h_.Commit(ref, seqs[0], TokenIds(0, 60)).ok());
     // A batch that seals one sequence, published while the session closes.
-    const std::vector<ring::Record> batch = {Rec(seqs[0], TokenIds(60, 4)), Rec(seqs[1], {1}), Rec(seqs[2], {2}),
-                                             Rec(seqs[3], TokenIds(3, 28))};
+    const std::vector<ring::Record> batch = {Rec(seqs[0], TokenIds(60, 4)), Rec(seqs[1], {1}),
+                                             Rec(seqs[2], {2}), Rec(seqs[3], TokenIds(3, 28))};
     for (size_t i = 0; i < batch.size(); ++i) *ring->record(static_cast<uint32_t>(i)) = batch[i];
     std::thread closer([&] { h_.CloseSession(ref).IgnoreError(); });
     ring->h()->tail.store(static_cast<uint32_t>(batch.size()), std::memory_order_release);
     ring->Ring();
     closer.join();
     // Either the batch ran (completions) or the ring closed with the session.
-    ASSERT_TRUE(WaitFor([&] { return ring->h()->done.load() == batch.size() || ring->h()->broken.load() != 0; }));
+    ASSERT_TRUE(WaitFor(
+        [&] { return ring->h()->done.load() == batch.size() || ring->h()->broken.load() != 0; }));
     ASSERT_TRUE(h_.core().CheckInvariants().ok()) << h_.core().CheckInvariants();
   }
   const auto stats = h_.core().Stats(std::nullopt);
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(stats->sequences, 0u);
   EXPECT_EQ(stats->quant_active + stats->sink_active, 0u);
-  EXPECT_TRUE(WaitFor([&] { return h_.rings()->rings() == 0; })) << "the rings of ended sessions are dropped";
+  EXPECT_TRUE(WaitFor([&] { return h_.rings()->rings() == 0; }))
+      << "the rings of ended sessions are dropped";
 }
 
 TEST_F(CommitRingServerTest, StopClosesRingsWithUnavailable) {
@@ -317,14 +337,47 @@ TEST_F(CommitRingServerTest, StopClosesRingsWithUnavailable) {
   EXPECT_EQ(RingOnly(ref).status().code(), Code::kUnavailable);
 }
 
-// A harness with rings whose drain thread watches a ring for `watch` after a batch without a
-// CPU hint.
-absl::Status StartWatching(ServiceHarness& h, absl::Duration watch) {
+// A harness with rings whose drain thread watches a ring for `watch` after a pipelined batch,
+// by `clock`. With a FakeClock the test does not advance, a watch ends only by the ring's next
+// batch, the end of its session or Stop: no test depends on the length of a wall-clock window.
+absl::Status StartWatching(ServiceHarness& h, const Clock* clock,
+                           absl::Duration watch = absl::Milliseconds(1),
+                           RpcObserver* observer = nullptr) {
   ServiceHarness::Options o;
   o.descriptors = true;
   o.rings = true;
   o.ring_options.watch = watch;
+  o.ring_options.clock = clock;
+  o.observer = observer;
   return h.Start(o);
+}
+
+// A session (2 tail slots) whose memory and ring this process took, and one sequence of it.
+struct Mapped {
+  v1::SessionRef ref;
+  RawRing ring;
+  uint64_t seq = 0;
+};
+
+absl::StatusOr<Mapped> OpenMapped(ServiceHarness& h, const std::string& tenant) {
+  Mapped m;
+  m.ref = ServiceHarness::RefOf(h.Open(tenant, 2));
+  auto mem = FetchSessionMemory(h.descriptor_socket(), m.ref);
+  if (!mem.ok()) return mem.status();
+  auto r = TakeRing(h.descriptor_socket(), m.ref);
+  if (!r.ok()) return r.status();
+  m.ring = std::move(*r);
+  m.seq = h.CreateSequence(m.ref);
+  if (m.seq == 0) return absl::InternalError("CreateSequence failed");
+  return m;
+}
+
+// Commits token `id` to m's sequence with the doorbell, under CPU hint `hint`; the
+// completion's code, -1 when none came.
+int CommitOne(const Mapped& m, uint32_t hint, uint32_t id) {
+  m.ring.h()->cpu.store(hint);
+  const auto got = m.ring.Commit({Rec(m.seq, {id})});
+  return got.size() == 1 ? got[0].code : -1;
 }
 
 // Publishes `r` at the ring's next position without ringing the doorbell; the position.
@@ -335,71 +388,239 @@ uint32_t PublishQuietly(const RawRing& ring, const ring::Record& r) {
   return pos;
 }
 
-// A pipelining client's ring is watched after its batch: it publishes the next record
-// without the doorbell, and the drain thread takes it.
+// Publishes token `id` to m's sequence without the doorbell and waits (with a deadline) for
+// it to be committed as the sequence's `id`th token.
+::testing::AssertionResult CommitQuietly(const Mapped& m, uint32_t id) {
+  const uint32_t pos = PublishQuietly(m.ring, Rec(m.seq, {id}));
+  if (!WaitFor([&] { return m.ring.h()->done.load() == pos + 1; })) {
+    return ::testing::AssertionFailure()
+           << "record " << pos << " (token " << id << ", no doorbell) was never drained";
+  }
+  const ring::Completion& c = *m.ring.completion(pos);
+  if (c.code != 0 || c.tokens != id) {
+    return ::testing::AssertionFailure() << "token " << id << ": code " << c.code << " ("
+                                         << Message(c) << "), " << c.tokens << " tokens";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+bool Polling(const Mapped& m) { return m.ring.h()->polling.load() != 0; }
+
+// A pipelining client's ring is watched after its batch: it publishes the next records
+// without the doorbell, and the drain thread takes them.
 TEST(CommitRingWatchTest, AWatchedRingIsDrainedWithoutItsDoorbell) {
+  FakeClock clock;
   ServiceHarness h;
-  ASSERT_TRUE(StartWatching(h, absl::Seconds(5)).ok());
-  const v1::SessionRef ref = ServiceHarness::RefOf(h.Open("a", 2));
-  ASSERT_TRUE(FetchSessionMemory(h.descriptor_socket(), ref).ok());
-  auto r = TakeRing(h.descriptor_socket(), ref);
-  ASSERT_TRUE(r.ok()) << r.status();
-  const uint64_t seq = h.CreateSequence(ref);
-  r->h()->cpu.store(ring::kCpuPipelined);  // a pipelining client that names no CPU
-  const auto first = r->Commit({Rec(seq, {1})});
-  ASSERT_EQ(first.size(), 1u);
-  EXPECT_EQ(first[0].code, 0) << Message(first[0]);
-  ASSERT_TRUE(WaitFor([&] { return r->h()->polling.load() != 0; })) << "the thread watches the ring";
-  for (uint32_t id = 2; id <= 4; ++id) {
-    const uint32_t pos = PublishQuietly(*r, Rec(seq, {id}));
-    ASSERT_TRUE(WaitFor([&] { return r->h()->done.load() == pos + 1; })) << "record " << id << ", no doorbell";
-    EXPECT_EQ(r->completion(pos)->code, 0) << Message(*r->completion(pos));
-    EXPECT_EQ(r->completion(pos)->tokens, id);
-  }
+  ASSERT_TRUE(StartWatching(h, &clock).ok());
+  auto m = OpenMapped(h, "a");
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(CommitOne(*m, ring::kCpuPipelined, 1), 0);  // a pipelining client naming no CPU
+  ASSERT_TRUE(WaitFor([&] { return Polling(*m); })) << "the thread watches the ring";
+  EXPECT_EQ(h.rings()->watched(), 1u);
+  for (uint32_t id = 2; id <= 4; ++id) ASSERT_TRUE(CommitQuietly(*m, id));
+  EXPECT_EQ(h.rings()->watched(), 1u);  // the clock stood still: still watched
+  EXPECT_TRUE(Polling(*m));
 }
 
-// The watch ends: the thread clears `polling` before it sleeps, and a client that reads it
-// cleared rings the doorbell, which the thread answers.
+// The watch lasts until its deadline by the injected clock, renewed by each batch, and ends
+// there: `polling` cleared and the ring out of the hot set. The next commit comes by the
+// doorbell, as from a client that read `polling` cleared, and starts a new watch. (Records
+// published between the clearing and the last look are not forced here: no sync point.)
 TEST(CommitRingWatchTest, TheWatchEndsWithPollingCleared) {
+  FakeClock clock;
   ServiceHarness h;
-  ASSERT_TRUE(StartWatching(h, absl::Milliseconds(100)).ok());
-  const v1::SessionRef ref = ServiceHarness::RefOf(h.Open("a", 2));
-  ASSERT_TRUE(FetchSessionMemory(h.descriptor_socket(), ref).ok());
-  auto r = TakeRing(h.descriptor_socket(), ref);
-  ASSERT_TRUE(r.ok()) << r.status();
-  const uint64_t seq = h.CreateSequence(ref);
-  r->h()->cpu.store(ring::kCpuPipelined);
-  for (uint32_t id = 1; id <= 3; ++id) {
-    ASSERT_EQ(r->Commit({Rec(seq, {id})}).size(), 1u);  // rings the doorbell
-    ASSERT_TRUE(WaitFor([&] { return r->h()->polling.load() != 0; })) << "the watch never began";
-    ASSERT_TRUE(WaitFor([&] { return r->h()->polling.load() == 0; })) << "the watch never ended";
+  ASSERT_TRUE(StartWatching(h, &clock, absl::Milliseconds(1)).ok());
+  auto m = OpenMapped(h, "a");
+  ASSERT_TRUE(m.ok()) << m.status();
+  uint32_t token = 0;
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_EQ(CommitOne(*m, ring::kCpuPipelined, ++token), 0);  // rings the doorbell
+    ASSERT_TRUE(WaitFor([&] { return Polling(*m) && h.rings()->watched() == 1; }))
+        << "the watch never began";
+    clock.Advance(absl::Microseconds(999));
+    ASSERT_TRUE(CommitQuietly(*m, ++token)) << "watched until its deadline";
+    // That batch renewed the watch, until 1 ms after it.
+    clock.Advance(absl::Milliseconds(1));
+    ASSERT_TRUE(WaitFor([&] { return !Polling(*m) && h.rings()->watched() == 0; }))
+        << "the watch never ended";
   }
-  EXPECT_EQ(h.core().Table(CoreRef(ref), seq)->tokens, 3u);
+  EXPECT_EQ(h.core().Table(CoreRef(m->ref), m->seq)->tokens, 6u);
 }
 
-// `polling` is the client's to scribble: set by a client whose ring is not watched (watch
-// off), it delays only that client's records (until its doorbell), never a neighbour's.
-TEST(CommitRingWatchTest, AScribbledPollingWordDelaysOnlyItsOwnRing) {
+// Each hot ring has its own deadline, its last batch + watch: one ring's watch ends while
+// another's, renewed later, goes on.
+TEST(CommitRingWatchTest, EachWatchedRingHasItsOwnDeadline) {
+  FakeClock clock;
   ServiceHarness h;
-  ASSERT_TRUE(StartWatching(h, absl::ZeroDuration()).ok());
-  const v1::SessionRef x = ServiceHarness::RefOf(h.Open("x", 2)), y = ServiceHarness::RefOf(h.Open("y", 2));
-  ASSERT_TRUE(FetchSessionMemory(h.descriptor_socket(), x).ok());
-  ASSERT_TRUE(FetchSessionMemory(h.descriptor_socket(), y).ok());
-  auto rx = TakeRing(h.descriptor_socket(), x);
-  auto ry = TakeRing(h.descriptor_socket(), y);
-  ASSERT_TRUE(rx.ok() && ry.ok());
-  const uint64_t qx = h.CreateSequence(x), qy = h.CreateSequence(y);
-  rx->h()->polling.store(1);
-  const uint32_t pos = PublishQuietly(*rx, Rec(qx, {1}));  // "the daemon watches": no doorbell
+  ASSERT_TRUE(StartWatching(h, &clock, absl::Milliseconds(1)).ok());
+  auto a = OpenMapped(h, "a");
+  auto b = OpenMapped(h, "b");
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(CommitOne(*a, ring::kCpuPipelined, 1), 0);
+  ASSERT_TRUE(WaitFor([&] { return h.rings()->watched() == 1; }));
+  clock.Advance(absl::Microseconds(600));
+  ASSERT_EQ(CommitOne(*b, ring::kCpuPipelined, 1), 0);  // its doorbell ends a's spin
+  ASSERT_TRUE(WaitFor([&] { return h.rings()->watched() == 2; }));
+  clock.Advance(absl::Microseconds(600));  // past a's deadline, not b's
+  ASSERT_TRUE(WaitFor([&] { return !Polling(*a) && h.rings()->watched() == 1; }))
+      << "a's watch ended at its own deadline";
+  EXPECT_TRUE(Polling(*b));
+  EXPECT_TRUE(CommitQuietly(*b, 2)) << "b is still watched";
+  clock.Advance(absl::Milliseconds(1));
+  EXPECT_TRUE(WaitFor([&] { return !Polling(*b) && h.rings()->watched() == 0; }));
+}
+
+// Membership of the hot set is the last batch's: a plain batch ends the ring's watch, a
+// pipelined one starts it again.
+TEST(CommitRingWatchTest, APlainBatchEndsTheWatch) {
+  FakeClock clock;
+  ServiceHarness h;
+  ASSERT_TRUE(StartWatching(h, &clock).ok());
+  auto m = OpenMapped(h, "a");
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(CommitOne(*m, ring::kCpuPipelined, 1), 0);
+  ASSERT_TRUE(WaitFor([&] { return Polling(*m) && h.rings()->watched() == 1; }));
+  ASSERT_EQ(CommitOne(*m, 0, 2), 0);
+  EXPECT_TRUE(WaitFor([&] { return !Polling(*m) && h.rings()->watched() == 0; }))
+      << "a plain batch left the ring watched";
+  ASSERT_EQ(CommitOne(*m, ring::kCpuPipelined, 3), 0);
+  EXPECT_TRUE(WaitFor([&] { return Polling(*m) && h.rings()->watched() == 1; }));
+}
+
+// The ring of an ended session leaves the hot set (nothing keeps its segment and eventfd
+// alive), even while the thread spins for another ring; the other stays watched.
+TEST(CommitRingWatchTest, ARingOfAnEndedSessionLeavesTheHotSet) {
+  FakeClock clock;
+  ServiceHarness h;
+  ASSERT_TRUE(StartWatching(h, &clock).ok());
+  auto a = OpenMapped(h, "a");
+  auto b = OpenMapped(h, "b");
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(CommitOne(*a, ring::kCpuPipelined, 1), 0);
+  ASSERT_EQ(CommitOne(*b, ring::kCpuPipelined, 1), 0);
+  ASSERT_TRUE(WaitFor([&] { return h.rings()->watched() == 2; }));
+  ASSERT_TRUE(h.CloseSession(a->ref).ok());
+  EXPECT_TRUE(WaitFor([&] { return h.rings()->watched() == 1 && h.rings()->rings() == 1; }))
+      << "watched " << h.rings()->watched() << ", rings " << h.rings()->rings();
+  EXPECT_EQ(a->ring.h()->broken.load(), static_cast<uint32_t>(Code::kNotFound));
+  EXPECT_FALSE(Polling(*a));
+  EXPECT_TRUE(Polling(*b));
+  EXPECT_TRUE(CommitQuietly(*b, 2));
+}
+
+// While the thread spins for a watched ring, another ring's doorbell is answered: the spin
+// looks at the doorbells and ends at the first. (The clock stands still: the watch itself
+// never ends.)
+TEST(CommitRingWatchTest, AnotherRingsDoorbellEndsTheSpin) {
+  FakeClock clock;
+  ServiceHarness h;
+  ASSERT_TRUE(StartWatching(h, &clock).ok());
+  auto watched = OpenMapped(h, "w");
+  auto plain = OpenMapped(h, "p");
+  ASSERT_TRUE(watched.ok() && plain.ok());
+  ASSERT_EQ(CommitOne(*watched, ring::kCpuPipelined, 1), 0);
+  ASSERT_TRUE(WaitFor([&] { return Polling(*watched); }));
   for (uint32_t id = 1; id <= 3; ++id) {
-    const auto got = ry->Commit({Rec(qy, {id})});
-    ASSERT_EQ(got.size(), 1u);
-    EXPECT_EQ(got[0].code, 0) << Message(got[0]);
+    EXPECT_EQ(CommitOne(*plain, 0, id), 0) << "commit " << id << " of the rung ring";
   }
-  rx->Ring();
-  ASSERT_TRUE(WaitFor([&] { return rx->h()->done.load() == pos + 1; }));
-  EXPECT_EQ(rx->completion(pos)->code, 0) << Message(*rx->completion(pos));
-  EXPECT_EQ(rx->h()->broken.load(), 0u);
+  EXPECT_EQ(h.rings()->watched(), 1u);
+  EXPECT_TRUE(CommitQuietly(*watched, 2));
+}
+
+// A neighbour whose client is as fast as the drain thread: it keeps its tail one record
+// ahead of `done`. It publishes its next record (garbage, refused by the ring alone) and rings
+// from the drain thread itself, as the thread reports each batch (the "CommitRing" call of
+// the RpcObserver, made after `done` and before Drain's last look at the tail). So every
+// Drain of it sees more records, and the thread never runs out of ready rings.
+class TricklingNeighbour final : public RpcObserver {
+ public:
+  void Start(const RawRing* ring) {
+    MutexLock lock(&mu_);
+    ring_ = ring;
+    PublishOne();
+  }
+  void Stop() {
+    MutexLock lock(&mu_);
+    ring_ = nullptr;
+  }
+  uint64_t published() const {
+    MutexLock lock(&mu_);
+    return published_;
+  }
+  void OnRpc(std::string_view method, grpc::StatusCode, absl::Duration) override {
+    if (method != "CommitRing") return;
+    MutexLock lock(&mu_);
+    if (ring_ != nullptr && ring_->h()->done.load() == ring_->h()->tail.load()) PublishOne();
+  }
+
+ private:
+  void PublishOne() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ring::Record junk{};
+    junk.tokens = ring::kRecordTokens + 1;
+    PublishQuietly(*ring_, junk);
+    const uint64_t one = 1;
+    if (write(ring_->doorbell.get(), &one, sizeof(one)) == sizeof(one)) ++published_;
+  }
+
+  mutable Mutex mu_;
+  const RawRing* ring_ ABSL_GUARDED_BY(mu_) = nullptr;
+  uint64_t published_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// A watched ring's records, published without the doorbell, are drained in the next round
+// even while a trickling neighbour keeps the thread from ever running out of work.
+TEST(CommitRingWatchTest, AWatchedRingIsServedBesideATricklingNeighbour) {
+  TricklingNeighbour neighbour;
+  FakeClock clock;
+  ServiceHarness h;
+  ASSERT_TRUE(StartWatching(h, &clock, absl::Milliseconds(1), &neighbour).ok());
+  auto victim = OpenMapped(h, "victim");
+  auto trickler = OpenMapped(h, "neighbour");
+  ASSERT_TRUE(victim.ok() && trickler.ok());
+  absl::Cleanup stop = [&] { neighbour.Stop(); };  // before the neighbour's ring goes
+  ASSERT_EQ(CommitOne(*victim, ring::kCpuPipelined, 1), 0);
+  ASSERT_TRUE(WaitFor([&] { return Polling(*victim); }));
+  neighbour.Start(&trickler->ring);
+  ASSERT_TRUE(WaitFor([&] { return neighbour.published() >= 3; }));
+  const uint64_t before = neighbour.published();
+  for (uint32_t id = 2; id <= 4; ++id) {
+    ASSERT_TRUE(CommitQuietly(*victim, id)) << "beside a neighbour that always has one more";
+  }
+  // Each of those rounds served the neighbour too (it was ready first in each).
+  EXPECT_GE(neighbour.published() - before, 3u);
+  neighbour.Stop();
+  EXPECT_TRUE(
+      WaitFor([&] { return trickler->ring.h()->done.load() == trickler->ring.h()->tail.load(); }));
+  EXPECT_EQ(trickler->ring.h()->broken.load(), 0u);
+  EXPECT_EQ(trickler->ring.completion(trickler->ring.h()->done.load() - 1)->code,
+            static_cast<int>(Code::kInvalidArgument));
+}
+
+// `polling` is the client's to scribble: a client that sets it while its ring is not watched
+// (while the thread watches another) skips its own doorbell and delays only its own record,
+// until its doorbell; the watched neighbour's commits go on.
+TEST(CommitRingWatchTest, AScribbledPollingWordDelaysOnlyItsOwnRing) {
+  FakeClock clock;
+  ServiceHarness h;
+  ASSERT_TRUE(StartWatching(h, &clock).ok());
+  auto x = OpenMapped(h, "x");
+  auto y = OpenMapped(h, "y");
+  ASSERT_TRUE(x.ok() && y.ok());
+  ASSERT_EQ(CommitOne(*y, ring::kCpuPipelined, 1), 0);
+  ASSERT_TRUE(WaitFor([&] { return Polling(*y) && h.rings()->watched() == 1; }));
+  x->ring.h()->polling.store(1);
+  const uint32_t pos = PublishQuietly(x->ring, Rec(x->seq, {1}));  // "kvarnd watches": no doorbell
+  for (uint32_t id = 2; id <= 4; ++id) ASSERT_TRUE(CommitQuietly(*y, id));
+  ASSERT_EQ(CommitOne(*y, ring::kCpuPipelined, 5), 0);
+  // The thread went through rounds that looked at y's tail after x published, and never at
+  // x's: x's record waits for its doorbell.
+  EXPECT_EQ(x->ring.h()->done.load(), pos);
+  EXPECT_EQ(h.rings()->watched(), 1u);
+  x->ring.Ring();
+  ASSERT_TRUE(WaitFor([&] { return x->ring.h()->done.load() == pos + 1; }));
+  EXPECT_EQ(x->ring.completion(pos)->code, 0) << Message(*x->ring.completion(pos));
+  EXPECT_EQ(x->ring.h()->broken.load(), 0u);
+  EXPECT_EQ(y->ring.h()->broken.load(), 0u);
 }
 
 // The CPUs of this thread's mask, in order.
@@ -414,17 +635,24 @@ std::vector<int> MaskCpus() {
 }
 
 // A harness with rings whose drain thread starts with this thread's mask narrowed to `cpus`
-// (threads inherit their creator's mask); the mask is restored before returning.
-absl::Status StartNarrowed(ServiceHarness& h, const std::vector<int>& cpus, bool follow) {
+// (threads inherit their creator's mask); the mask is restored before returning. Watches go
+// by `clock`.
+absl::Status StartNarrowed(ServiceHarness& h, const std::vector<int>& cpus, bool follow,
+                           const Clock* clock = SystemClock::Get()) {
   cpu_set_t saved, narrow;
-  if (sched_getaffinity(0, sizeof(saved), &saved) != 0) return absl::InternalError("sched_getaffinity");
+  if (sched_getaffinity(0, sizeof(saved), &saved) != 0) {
+    return absl::InternalError("sched_getaffinity");
+  }
   CPU_ZERO(&narrow);
   for (int c : cpus) CPU_SET(c, &narrow);
-  if (sched_setaffinity(0, sizeof(narrow), &narrow) != 0) return absl::InternalError("sched_setaffinity");
+  if (sched_setaffinity(0, sizeof(narrow), &narrow) != 0) {
+    return absl::InternalError("sched_setaffinity");
+  }
   ServiceHarness::Options o;
   o.descriptors = true;
   o.rings = true;
   o.ring_options.follow_client_cpu = follow;
+  o.ring_options.clock = clock;
   const absl::Status started = h.Start(o);
   sched_setaffinity(0, sizeof(saved), &saved);
   return started;
@@ -519,6 +747,65 @@ TEST_F(CommitRingCpuTest, APipelinedBatchIsDrainedBesideItsClient) {
       }
     }
   }
+}
+
+// A client cannot park the watching thread on a CPU it names: a plain hint takes its ring
+// out of the hot set (so nothing spins where its batch was drained), and the thread spins only
+// on CPUs no hot ring's client and no plain client it was pinned for named; with none left,
+// it ends the watches instead.
+TEST_F(CommitRingCpuTest, TheWatchNeverSpinsOnACpuAClientNamed) {
+  FakeClock clock;  // stands still: only the thread's decisions end a watch
+  ServiceHarness h;
+  const int a = cpus_[0], b = cpus_[1];
+  ASSERT_TRUE(StartNarrowed(h, {a, b}, true, &clock).ok());
+  auto hostile = OpenMapped(h, "h");
+  auto victim = OpenMapped(h, "v");
+  auto plain = OpenMapped(h, "x");
+  ASSERT_TRUE(hostile.ok() && victim.ok() && plain.ok());
+  const uint32_t on_a = static_cast<uint32_t>(a) + 1, on_b = static_cast<uint32_t>(b) + 1;
+  // Pipelined from a: drained on b, and watched.
+  ASSERT_EQ(CommitOne(*hostile, on_a | ring::kCpuPipelined, 1), 0);
+  EXPECT_EQ(h.rings()->last_cpu(), b);
+  ASSERT_TRUE(WaitFor([&] { return h.rings()->watched() == 1; }));
+  // Then a plain hint naming b (another tenant's worker's CPU): drained there, and no longer
+  // watched, so the thread does not go on spinning there.
+  ASSERT_EQ(CommitOne(*hostile, on_b, 2), 0);
+  EXPECT_EQ(h.rings()->last_cpu(), b);
+  EXPECT_TRUE(WaitFor([&] { return h.rings()->watched() == 0 && !Polling(*hostile); }));
+  // A pipelining client on a, watched; then a plain client's batch pins the thread to b. No
+  // CPU is left to spin on (a is the watched ring's client's, b the plain client's): the
+  // watch ends rather than spin on b.
+  ASSERT_EQ(CommitOne(*victim, on_a | ring::kCpuPipelined, 1), 0);
+  ASSERT_TRUE(WaitFor([&] { return h.rings()->watched() == 1; }));
+  ASSERT_EQ(CommitOne(*plain, on_b, 1), 0);
+  EXPECT_EQ(h.rings()->last_cpu(), b);
+  EXPECT_TRUE(WaitFor([&] {
+    return h.rings()->watched() == 0 && !Polling(*victim) && h.rings()->watches_unplaced() >= 1;
+  })) << "watched "
+      << h.rings()->watched() << ", unplaced " << h.rings()->watches_unplaced();
+  // Its client, seeing `polling` cleared, rings: served as before.
+  EXPECT_EQ(CommitOne(*victim, on_a | ring::kCpuPipelined, 2), 0);
+}
+
+// With a third CPU, the watch goes on there: the thread leaves the plain client's CPU and
+// the watched ring's client's, and takes the watched ring's quiet records.
+TEST_F(CommitRingCpuTest, TheWatchSpinsOnACpuNoClientNamed) {
+  if (cpus_.size() < 3) GTEST_SKIP() << "needs three CPUs in the mask";
+  FakeClock clock;
+  ServiceHarness h;
+  const int a = cpus_[0], b = cpus_[1];
+  ASSERT_TRUE(StartNarrowed(h, {a, b, cpus_[2]}, true, &clock).ok());
+  auto victim = OpenMapped(h, "v");
+  auto plain = OpenMapped(h, "x");
+  ASSERT_TRUE(victim.ok() && plain.ok());
+  const uint32_t on_a = static_cast<uint32_t>(a) + 1, on_b = static_cast<uint32_t>(b) + 1;
+  ASSERT_EQ(CommitOne(*victim, on_a | ring::kCpuPipelined, 1), 0);
+  ASSERT_TRUE(WaitFor([&] { return h.rings()->watched() == 1; }));
+  ASSERT_EQ(CommitOne(*plain, on_b, 1), 0);
+  EXPECT_EQ(h.rings()->last_cpu(), b);
+  EXPECT_TRUE(CommitQuietly(*victim, 2));
+  EXPECT_EQ(h.rings()->watched(), 1u);
+  EXPECT_EQ(h.rings()->watches_unplaced(), 0u);
 }
 
 TEST_F(CommitRingCpuTest, FollowingCanBeTurnedOff) {
