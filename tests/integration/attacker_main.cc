@@ -30,6 +30,9 @@
 //       and spams the doorbell; at stdin
 //       EOF it moves its tail out of bounds and reports RINGSUMMARY rounds=.. doorbells=..
 //       completed=.. broken=<the code the daemon closed the ring with>.
+//       With --trickle, it instead keeps its tail one record ahead of `done` (a record the
+//       ring refuses, then the doorbell, each time `done` catches up), so that the daemon's
+//       drain thread nearly always finds it with more records; rounds= counts its records.
 //   kvarn_attacker watchers --target=T --tenant=X [--token=Y] --n=N
 //       N Watch streams on one session; reports how many the daemon refused; holds the rest
 //       until stdin closes.
@@ -536,7 +539,25 @@ int Ring(const std::map<std::string, std::string>& f) {
   const auto bell = [&] {
     if (write((*ring)->doorbell_fd(), &one, sizeof(one)) == sizeof(one)) ++doorbells;
   };
-  while (!stop.load()) {
+  const bool trickle = f.count("trickle") != 0;
+  if (trickle) h->cpu.store(0, std::memory_order_relaxed);  // a plain client: never watched
+  while (trickle && !stop.load(std::memory_order_relaxed) && h->broken.load() == 0) {
+    // As fast as the drain thread: the next record right after `done` reaches the tail, before
+    // Drain's last look at it.
+    const uint32_t t = h->tail.load(std::memory_order_relaxed);
+    if (h->done.load(std::memory_order_acquire) != t) {
+      ring::CpuRelax();
+      continue;
+    }
+    ring::Record junk{};
+    junk.sequence = seqs[0];
+    junk.tokens = ring::kRecordTokens + 1;  // refused by the ring alone
+    records[t & (cap - 1)] = junk;
+    h->tail.store(t + 1, std::memory_order_release);
+    bell();
+    ++rounds;
+  }
+  while (!trickle && !stop.load()) {
     for (uint32_t i = 0; i < cap; ++i) {
       auto* w = reinterpret_cast<uint64_t*>(&records[i]);
       for (size_t k = 0; k < sizeof(ring::Record) / 8; ++k) w[k] = rng();
