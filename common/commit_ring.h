@@ -66,7 +66,10 @@ struct Header {
   // The daemon's: records completed (a free-running count); the futex word clients wait on.
   alignas(64) std::atomic<uint32_t> done;
   // The daemon's: nonzero (an absl::StatusCode) once the daemon stopped serving this ring,
-  // because its tail went out of bounds or the daemon is stopping; the message says why.
+  // because its tail went out of bounds, its session ended or the daemon is stopping; the
+  // message says why. Stored only once the daemon applies no further record of the ring,
+  // after `done` counts every record it applied: a client that reads it set, then `done`,
+  // knows the records past `done` were not applied.
   alignas(64) std::atomic<uint32_t> broken;
   char broken_message[kMessageBytes];
 };

@@ -344,6 +344,8 @@ absl::StatusOr<SequenceTable> Session::RememberCommitLocked(uint64_t seq,
     if (c.quant_blocks == t.quant_blocks.size() + 1) {
       t.quant_blocks.push_back(c.last_quant);
     } else if (c.quant_blocks != t.quant_blocks.size() || c.has_sink == 0) {
+      // Applied by kvarnd, but the table held cannot take it: stale from here on.
+      st.outcome_unknown = true;
       return absl::InternalError("kvarnd's ring completion does not follow the sequence's table");
     }
   }

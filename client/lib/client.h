@@ -290,8 +290,8 @@ class Session {
   SequenceTable Remember(uint64_t seq, const v1::BlockTable& table) ABSL_LOCKS_EXCLUDED(mu_);
   SequenceTable RememberLocked(uint64_t seq, const v1::BlockTable& table) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records a ring commit's result (the table's block ids change only when it sealed) and
-  // ends its flight; INTERNAL when it does not follow the table held, FAILED_PRECONDITION
-  // when the sequence was released meanwhile.
+  // ends its flight; INTERNAL when it does not follow the table held (the sequence is then
+  // of unknown outcome), FAILED_PRECONDITION when the sequence was released meanwhile.
   absl::StatusOr<SequenceTable> RememberCommitLocked(uint64_t seq, const ring::Completion& c)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the flight of ring commits that kvarnd refused (`unknown` false: the sequence is

@@ -158,11 +158,15 @@ absl::Status CommitRing::Await(uint32_t first, std::span<const uint64_t> seqs,
   const uint32_t target = first + static_cast<uint32_t>(seqs.size());
   size_t answered = seqs.size();  // records kvarnd completed
   absl::Status call;  // the session's own error when kvarnd gave one, else the wait's failure
+  bool verdict = false;  // kvarnd closed the ring: it applies nothing after `done`
   if (absl::Status w = WaitFor(target); !w.ok()) {
     // The ring is unusable from here on. The records kvarnd completed before it failed have
-    // their answers; the others' outcome is unknown (it may still apply them).
+    // their answers. The others were not applied when kvarnd gave its verdict (it sets
+    // `broken` once it applies no more, after storing `done` for all it applied; read in
+    // that order); after a timeout their outcome is unknown (it may still apply them).
     unusable_ = w;
     call = w;
+    verdict = header()->broken.load(std::memory_order_acquire) != 0;
     const int32_t done =
         static_cast<int32_t>(header()->done.load(std::memory_order_acquire) - first);
     answered = static_cast<size_t>(std::clamp<int32_t>(done, 0, static_cast<int32_t>(seqs.size())));
@@ -180,7 +184,7 @@ absl::Status CommitRing::Await(uint32_t first, std::span<const uint64_t> seqs,
   MutexLock lock(&session_->mu_);  // one lock for the batch's tables
   for (size_t k = answered; k < seqs.size(); ++k) {
     (*out)[index[k]] = call;
-    session_->EndRingFlightLocked(seqs[k], /*unknown=*/true);
+    session_->EndRingFlightLocked(seqs[k], /*unknown=*/!verdict);
   }
   for (size_t k = 0; k < answered; ++k) {
     const uint32_t pos = first + static_cast<uint32_t>(k);
@@ -192,7 +196,10 @@ absl::Status CommitRing::Await(uint32_t first, std::span<const uint64_t> seqs,
       ring::CopyOut(c.message, src + ring::kCompletionHeadBytes, c.message_bytes);
     }
     if (c.position != pos || c.message_bytes > ring::kMessageBytes) {
+      // Not kvarnd's answer (this process wrote over it): the commit may have been applied.
       result = absl::InternalError("kvarnd's ring completion does not answer this commit");
+      session_->EndRingFlightLocked(seqs[k], /*unknown=*/true);
+      continue;
     } else if (c.code != 0) {
       result = absl::Status(static_cast<absl::StatusCode>(c.code),
                             std::string(c.message, c.message_bytes));

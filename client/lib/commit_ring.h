@@ -25,10 +25,12 @@
 // tail out of bounds; NOT_FOUND: the session ended; UNAVAILABLE: kvarnd is stopping), with its
 // message. When this client sees its session end mid-batch it waits up to 2 s more for that
 // verdict, then gives NOT_FOUND itself. The commits kvarnd answered before the ring failed
-// have their results in the sequences' tables; the others have an unknown outcome (kvarnd
-// may still apply them), so their sequences refuse every staging and commit call
-// (FAILED_PRECONDITION) until released: committing them again could append a token twice.
-// The other sequences go on by Session::CommitBatch. Once unusable, the ring's calls
+// have their results in the sequences' tables. The others were not applied when kvarnd
+// closed the ring (its verdict): their sequences are free, their tokens still staged, for
+// Session::CommitBatch. After a timeout (or a failed doorbell, or a completion this process
+// overwrote) their outcome is unknown, since kvarnd may still apply them: those sequences
+// refuse every staging and commit call (FAILED_PRECONDITION) until released, because
+// committing them again could append a token twice. Once unusable, the ring's calls
 // (Commit, Publish, Collect) fail FAILED_PRECONDITION, naming the first failure.
 //
 // Pipelined commits, for a worker that stages sequence by sequence: Publish each sequence's

@@ -43,6 +43,7 @@ struct CommitRingServer::Ring {
   bool hot = false;                     // in hot_, its `polling` word set
   absl::Time watch_since, watch_until;  // its last pipelined batch, and that + watch
   int named_cpu = -1;  // the CPU of allowed_ its client named in that batch, -1 for none
+  uint32_t accepted = 0;  // commits of its last batch the core accepted
   ring::Header* header() const { return reinterpret_cast<ring::Header*>(memory.data()); }
   const uint8_t* record(uint32_t pos) const {
     return memory.data() + ring::RecordsOffset() +
@@ -183,17 +184,22 @@ void CommitRingServer::Serve() {
     // One round: each ready ring gets at most one batch, in turn.
     round.swap(ready_);
     ready_.clear();
+    CPU_ZERO(&pinned_);
     for (const std::shared_ptr<Ring>& r : round) {
       r->queued = false;
       if (r->broken) continue;
       const uint32_t hint = r->header()->cpu.load(std::memory_order_relaxed);  // read once
-      if (options_.follow_client_cpu) PlaceThread(hint);
+      // A doorbell without records moves nothing: only a batch's hint places the thread.
+      const bool records = r->header()->tail.load(std::memory_order_relaxed) != r->head;
+      if (options_.follow_client_cpu && records) PlaceThread(hint);
       const int on = sched_getcpu();
       last_cpu_.store(on, std::memory_order_relaxed);
       const uint32_t head = r->head;
+      // The watch's time is read before Drain stores `done`: whoever saw `done` sees it too.
+      const absl::Time turn = options_.clock->Now();
       if (Drain(*r)) Enqueue(r);
       // A doorbell without records changes nothing; a batch decides the ring's watch.
-      if (r->head != head || r->broken) DecideWatch(r, hint, on);
+      if (r->head != head || r->broken) DecideWatch(r, hint, on, turn);
     }
     round.clear();
     if (const uint64_t ended = core_->sessions_ended(); ended != ended_seen_) {
@@ -212,20 +218,22 @@ void CommitRingServer::Enqueue(const std::shared_ptr<Ring>& r) {
   ready_.push_back(r);
 }
 
-void CommitRingServer::DecideWatch(const std::shared_ptr<Ring>& r, uint32_t hint, int on) {
+void CommitRingServer::DecideWatch(const std::shared_ptr<Ring>& r, uint32_t hint, int on,
+                                   absl::Time now) {
   // A pipelining client publishes its commits one by one as it stages them: watch for the
   // next rather than sleep until its doorbell, unless this thread shares the client's CPU
-  // (spinning there would hold up the very Stage it waits for). Anything else, a plain batch
-  // included, ends the watch: membership is the last batch's, not the first's.
+  // (spinning there would hold up the very Stage it waits for), and unless the core accepted
+  // none of the batch (records refused unread cost their sender nothing: they must not buy
+  // a spinning CPU). Anything else, a plain batch included, ends the watch: membership is
+  // the last batch's, not the first's.
   const bool pipelined = (hint & ring::kCpuPipelined) != 0;
   const uint32_t named = hint & ~ring::kCpuPipelined;
   const bool watch = pipelined && options_.watch > absl::ZeroDuration() && !r->broken &&
-                     static_cast<int64_t>(on) + 1 != static_cast<int64_t>(named);
+                     r->accepted > 0 && static_cast<int64_t>(on) + 1 != static_cast<int64_t>(named);
   if (!watch) {
     if (r->hot) EndWatches([&r](const Ring& x) { return &x == r.get(); });
     return;
   }
-  const absl::Time now = options_.clock->Now();
   r->watch_since = now;
   r->watch_until = now + options_.watch;
   const bool usable = named >= 1 && named <= CPU_SETSIZE && CPU_ISSET(named - 1, &allowed_);
@@ -295,12 +303,13 @@ bool CommitRingServer::PlaceForWatch() {
   for (const std::shared_ptr<Ring>& r : hot_) {
     if (r->named_cpu >= 0) CPU_CLR(r->named_cpu, &want);
   }
-  if (pinned_cpu_ >= 0) CPU_CLR(pinned_cpu_, &want);
+  cpu_set_t both;  // want minus pinned_
+  CPU_AND(&both, &want, &pinned_);
+  CPU_XOR(&want, &want, &both);
   if (CPU_COUNT(&want) == 0) return false;
   if (CPU_EQUAL(&want, &current_)) return true;
   if (sched_setaffinity(0, sizeof(want), &want) != 0) return false;
   current_ = want;
-  pinned_cpu_ = -1;
   return true;
 }
 
@@ -339,6 +348,7 @@ bool CommitRingServer::Drain(Ring& r) {
                        std::span<const uint32_t>(records[i].ids, records[i].tokens));
   }
   auto results = core_->AppendBatch(r.ref, items);
+  r.accepted = 0;
   for (uint32_t i = 0; i < pending; ++i) {
     ring::Completion* c = r.completion(r.head + i);
     c->position = r.head + i;
@@ -364,6 +374,7 @@ bool CommitRingServer::Drain(Ring& r) {
       }
     }
     c->code = static_cast<int32_t>(st.code());
+    if (st.ok()) ++r.accepted;
     c->call = results.ok() ? 0 : 1;
     c->message_bytes = 0;
     if (!st.ok()) WriteMessage(st.message(), c->message, &c->message_bytes);
@@ -407,7 +418,7 @@ void CommitRingServer::PlaceThread(uint32_t hint) {
     current_ = want;
     if (usable && !pipelined) cpu_moves_.fetch_add(1);
   }
-  pinned_cpu_ = usable && !pipelined ? static_cast<int>(named) - 1 : -1;
+  if (usable && !pipelined) CPU_SET(named - 1, &pinned_);
 }
 
 void CommitRingServer::Break(Ring& r, const absl::Status& why) {

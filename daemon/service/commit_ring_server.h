@@ -21,14 +21,15 @@
 // wakes the thread there); a pipelined batch (kCpuPipelined) runs on any CPU of the mask but
 // the client's, so the scan overlaps the client's next Stage.
 //
-// Watching: after a pipelined batch drained on another CPU than its client's, the ring joins the
-// hot set (watched()) and its `polling` word is set, which tells the client it may publish without
+// Watching: after a pipelined batch drained on another CPU than its client's, of which the core
+// accepted at least one commit (refused records cost their sender nothing and buy no spin), the
+// ring joins the hot set (watched()) and its `polling` word is set, which tells the client it may publish without
 // the doorbell. Each hot ring has its own deadline, its last batch + `watch` (by the injected
 // clock). Membership is decided again at every batch: a plain batch, or one drained on the client's
 // CPU, ends the ring's watch. Every round looks once at each hot ring's tail (one load each), so a
 // watched ring's records are served in the next round however busy the other rings keep the thread.
 // Only when no ring is ready does the thread spin over the hot tails; with follow_client_cpu, only
-// on the CPUs of its mask that no hot ring's client and no plain client it was just pinned for
+// on the CPUs of its mask that no hot ring's client and no plain client of the last round
 // named (no such CPU: the watches end instead; without placement it spins on its whole mask,
 // yielding every few rounds). The spin looks at the doorbells without blocking every few rounds and
 // stops at the first one, so another ring's doorbell waits a few microseconds, not the rest of a
@@ -39,7 +40,8 @@
 // What a client can do to its own ring: garbage records get errors (INVALID_ARGUMENT for a
 // record's token count, the core's codes for the rest); a tail out of bounds breaks the ring
 // for good (FAILED_PRECONDITION in its header) and the daemon stops reading it; doorbell
-// spam costs one check per round; a scribbled `polling` word (the daemon never reads it)
+// spam costs one check per round and places the thread nowhere (only a batch's hint does);
+// a scribbled `polling` word (the daemon never reads it)
 // makes only its own client skip doorbells. What it costs others is its share of the one
 // thread: one bounded batch per round, one tail load per round while it is watched, and
 // while the thread spins for it, the spin's CPU (with placement, never one a client named).
@@ -123,7 +125,7 @@ class CommitRingServer {
   // Rings in the hot set now (watched, their `polling` word set).
   size_t watched() const { return watched_.load(); }
   // Times the thread had hot rings and nothing ready but no CPU to spin on (every CPU of its
-  // mask named by a hot ring's client or by the plain client it was pinned for), so it ended
+  // mask named by a hot ring's client or by a plain client of the last round), so it ended
   // those watches instead.
   uint64_t watches_unplaced() const { return watches_unplaced_.load(); }
 
@@ -151,9 +153,10 @@ class CommitRingServer {
   // The rest runs on the drain thread only.
   // Adds `r` to the next round, once.
   void Enqueue(const std::shared_ptr<Ring>& r);
-  // After a batch of `r` with `hint` drained on CPU `on`: starts or renews its watch (a
-  // pipelined batch drained off the client's CPU), or ends it.
-  void DecideWatch(const std::shared_ptr<Ring>& r, uint32_t hint, int on);
+  // After a batch of `r` with `hint` drained on CPU `on`, begun at `now`: starts or renews
+  // its watch (a pipelined batch drained off the client's CPU, the core accepting some of
+  // it), or ends it.
+  void DecideWatch(const std::shared_ptr<Ring>& r, uint32_t hint, int on, absl::Time now);
   // Ends the watch of every hot ring for which `ends` holds: clears their `polling`, fences,
   // looks at their tails once more (enqueueing those with records) and drops them.
   void EndWatches(absl::FunctionRef<bool(const Ring&)> ends);
@@ -165,7 +168,8 @@ class CommitRingServer {
   // on (placement), ends every watch instead.
   void Watch();
   // With follow_client_cpu: moves the thread to allowed_ minus every hot ring's named CPU
-  // and minus the CPU a plain client pinned it to; false when no CPU is left (or the move
+  // and minus the CPUs plain clients of the last round placed it on; false when no CPU is
+  // left (or the move
   // failed while the thread is pinned).
   bool PlaceForWatch();
 
@@ -182,13 +186,13 @@ class CommitRingServer {
   mutable Mutex mu_;
   absl::flat_hash_map<SessionId, std::shared_ptr<Ring>> rings_ ABSL_GUARDED_BY(mu_);
   // Drain thread only: the next round's rings, the hot set, the thread's mask at start and
-  // now, the client CPU it is pinned to for a plain batch (-1 when it is not), and the
-  // core's sessions_ended() at the last Sweep.
+  // now, the client CPUs plain batches of the last round placed it on, and the core's
+  // sessions_ended() at the last Sweep.
   std::vector<std::shared_ptr<Ring>> ready_;
   std::vector<std::shared_ptr<Ring>> hot_;
   cpu_set_t allowed_{};
   cpu_set_t current_{};
-  int pinned_cpu_ = -1;
+  cpu_set_t pinned_{};
   uint64_t ended_seen_ = 0;
 };
 

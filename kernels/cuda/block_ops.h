@@ -8,8 +8,10 @@
 //   Sync()                                            __syncthreads()
 //   SyncOr(int)                                       __syncthreads_or()
 //   ShflXor(float|double, int mask)                   __shfl_xor_sync over the full warp
+//   SyncWarp()                                        __syncwarp() (the device's shuffles
+//                                                     order no shared-memory accesses)
 //   AtomicOr(int32_t*, int32_t)                       atomicOr on global memory
-// Rules the bodies follow so that both executors agree: every Sync, SyncOr and ShflXor is
+// Rules the bodies follow so that both executors agree: every Sync, SyncOr, ShflXor and SyncWarp is
 // reached by all threads of the block (block-uniform control flow around them); shared
 // memory is handed in as a pointer; no blockIdx/threadIdx outside the Ctx.
 #ifndef KVARN_KERNELS_CUDA_BLOCK_OPS_H_

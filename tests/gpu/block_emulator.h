@@ -6,7 +6,10 @@
 // block (all lanes of the warp for warp operations) or the run aborts, naming the states;
 // and running the fibers in different orders between barriers (forward, reverse, shuffled)
 // changes the result when a body has a shared-memory race that a barrier should prevent.
-// What it cannot check: device math libraries, resource limits, memory coalescing.
+// What it cannot check: device math libraries, resource limits, memory coalescing, and a
+// shared-memory race between lanes of one warp that only a shuffle separates (its shuffles
+// are warp barriers; the hardware's order no memory: compute-sanitizer's racecheck on a GPU
+// finds those, tests/gpu/run_gpu_checks.sh).
 //
 // Not thread-safe; one Run at a time per emulator.
 #ifndef KVARN_TESTS_GPU_BLOCK_EMULATOR_H_

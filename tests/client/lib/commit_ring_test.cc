@@ -335,10 +335,11 @@ TEST_F(CommitRingTest, ADroppedRingCollectsWhatWasPublished) {
   EXPECT_EQ((*next)[0]->table.tokens, 2u);
 }
 
-// A ring that fails under a published commit: that commit's outcome is unknown to the client,
-// so its sequence refuses every staging and commit call until released; the ring's calls
-// give FAILED_PRECONDITION naming the failure; the other sequences go on by CommitBatch.
-TEST_F(CommitRingTest, AFailedRingBlocksOnlyTheSequencesOfUnknownOutcome) {
+// A ring kvarnd closes under a published commit (here: this process moved its tail out of
+// bounds first): kvarnd applies nothing after its verdict, so the commit was not applied and
+// its sequence is free, its token still staged, for CommitBatch; the ring's calls give
+// FAILED_PRECONDITION naming the failure from then on.
+TEST_F(CommitRingTest, AClosedRingFreesWhatItDidNotApplyAndRefusesItsCalls) {
   Session* s = Open("tenant-a");
   auto [ring, q] = RingWithOneStagedToken(s);
   ASSERT_NE(ring, nullptr);
@@ -361,21 +362,6 @@ TEST_F(CommitRingTest, AFailedRingBlocksOnlyTheSequencesOfUnknownOutcome) {
   EXPECT_EQ(got.status().code(), Code::kFailedPrecondition) << got.status();
   EXPECT_NE(got.status().message().find("closed"), std::string::npos) << got.status();
   EXPECT_EQ(*h_->SequenceTokens(s->Ref(), q), 0u);
-  const auto unknown = [&](const absl::Status& st, const char* what) {
-    EXPECT_EQ(st.code(), Code::kFailedPrecondition) << what << ": " << st;
-    EXPECT_NE(st.message().find("unknown outcome"), std::string::npos) << what << ": " << st;
-  };
-  unknown(s->Stage(q, 1, kv.data(), kv.data(), DType::kF32), "Stage");
-  unknown(s->MarkStaged(q, 1), "MarkStaged");
-  unknown(s->TailSlot(q).status(), "TailSlot");
-  unknown(s->Commit(q, std::vector<uint32_t>{1}).status(), "Commit");
-  unknown(s->AppendInline(q, std::vector<uint32_t>{1}, kv.data(), kv.data(), DType::kF32).status(),
-          "AppendInline");
-  unknown(s->Fork(q).status(), "Fork");
-  auto batch = s->CommitBatch({{q, {1}}});
-  ASSERT_TRUE(batch.ok()) << batch.status();
-  unknown((*batch)[0].status(), "CommitBatch");
-  EXPECT_EQ(*h_->SequenceTokens(s->Ref(), q), 0u);
   // The ring's calls, from now on.
   const auto unusable = [&](const absl::Status& st, const char* what) {
     EXPECT_EQ(st.code(), Code::kFailedPrecondition) << what << ": " << st;
@@ -386,11 +372,55 @@ TEST_F(CommitRingTest, AFailedRingBlocksOnlyTheSequencesOfUnknownOutcome) {
   unusable(ring->Publish(other, std::vector<uint32_t>{2}), "Publish");
   unusable(ring->Collect().status(), "Collect");
   unusable(ring->Commit({{other, {2}}}).status(), "Commit");
-  // The other sequence was never in the ring: CommitBatch commits it.
-  auto fine = s->CommitBatch({{other, {2}}});
-  ASSERT_TRUE(fine.ok() && (*fine)[0].ok()) << fine.status();
+  // Both sequences go on by CommitBatch, each with its staged token.
+  auto fine = s->CommitBatch({{q, {1}}, {other, {2}}});
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  ASSERT_TRUE((*fine)[0].ok() && (*fine)[1].ok()) << (*fine)[0].status() << (*fine)[1].status();
   EXPECT_EQ((*fine)[0]->table.tokens, 1u);
-  // Release frees the blocked one.
+  EXPECT_EQ((*fine)[1]->table.tokens, 1u);
+}
+
+// A completion this process wrote over before Collect read it is no answer from kvarnd, which
+// did apply the commit: the item is INTERNAL and its sequence of unknown outcome (a
+// CommitBatch of its staged token would append it twice).
+TEST_F(CommitRingTest, ACompletionThisProcessOverwroteLeavesItsSequenceUnknown) {
+  Session* s = Open("tenant-a");
+  auto [ring, q] = RingWithOneStagedToken(s);
+  ASSERT_NE(ring, nullptr);
+  ASSERT_TRUE(ring->Publish(q, std::vector<uint32_t>{1}).ok());
+  auto* header = reinterpret_cast<ring::Header*>(ring->raw_memory());
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (header->done.load(std::memory_order_acquire) != 1 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(header->done.load(), 1u) << "kvarnd never completed the record";
+  auto* completion = reinterpret_cast<ring::Completion*>(
+      ring->raw_memory() + ring::CompletionsOffset(ring->capacity()));
+  completion->position = 777;
+  auto got = ring->Collect();
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 1u);
+  EXPECT_EQ((*got)[0].status().code(), Code::kInternal) << (*got)[0].status();
+  EXPECT_EQ(*h_->SequenceTokens(s->Ref(), q), 1u) << "kvarnd applied it";
+  const std::vector<float> kv = TestKv(1, 8);
+  const absl::Status again = s->Stage(q, 1, kv.data(), kv.data(), DType::kF32);
+  const auto unknown = [&](const absl::Status& st, const char* what) {
+    EXPECT_EQ(st.code(), Code::kFailedPrecondition) << what << ": " << st;
+    EXPECT_NE(st.message().find("unknown outcome"), std::string::npos) << what << ": " << st;
+  };
+  unknown(again, "Stage");
+  unknown(s->MarkStaged(q, 1), "MarkStaged");
+  unknown(s->TailSlot(q).status(), "TailSlot");
+  unknown(s->Commit(q, std::vector<uint32_t>{1}).status(), "Commit");
+  unknown(s->AppendInline(q, std::vector<uint32_t>{1}, kv.data(), kv.data(), DType::kF32).status(),
+          "AppendInline");
+  unknown(s->Fork(q).status(), "Fork");
+  unknown(ring->Publish(q, std::vector<uint32_t>{1}), "Publish");
+  auto batch = s->CommitBatch({{q, {1}}});
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  unknown((*batch)[0].status(), "CommitBatch");
+  EXPECT_EQ(*h_->SequenceTokens(s->Ref(), q), 1u) << "not appended twice";
+  // Release frees it.
   ASSERT_TRUE(s->Release(std::vector<uint64_t>{q}).ok());
   EXPECT_EQ(s->Table(q).status().code(), Code::kNotFound);
 }

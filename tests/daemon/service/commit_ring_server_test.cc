@@ -487,6 +487,33 @@ TEST(CommitRingWatchTest, APlainBatchEndsTheWatch) {
   EXPECT_TRUE(WaitFor([&] { return Polling(*m) && h.rings()->watched() == 1; }));
 }
 
+// Records refused before the core (a token count beyond a record) cost their sender nothing,
+// so a pipelined batch of only those starts no watch: a client could otherwise keep the
+// drain thread spinning a CPU with one junk record per watch period. A later round (another
+// ring's plain commit) shows the batch's decision was taken.
+TEST(CommitRingWatchTest, RefusedRecordsBuyNoWatch) {
+  FakeClock clock;
+  ServiceHarness h;
+  ASSERT_TRUE(StartWatching(h, &clock).ok());
+  auto a = OpenMapped(h, "a");
+  auto b = OpenMapped(h, "b");
+  ASSERT_TRUE(a.ok() && b.ok());
+  ring::Record junk = Rec(a->seq, {1});
+  junk.tokens = ring::kRecordTokens + 1;
+  a->ring.h()->cpu.store(ring::kCpuPipelined);
+  const auto got = a->ring.Commit({junk, junk});
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].code, static_cast<int>(absl::StatusCode::kInvalidArgument));
+  ASSERT_EQ(CommitOne(*b, 0, 1), 0);  // a later round
+  EXPECT_EQ(h.rings()->watched(), 0u);
+  EXPECT_FALSE(Polling(*a));
+  // One accepted commit in the batch is enough.
+  const auto mixed = a->ring.Commit({junk, Rec(a->seq, {1})});
+  ASSERT_EQ(mixed.size(), 2u);
+  EXPECT_EQ(mixed[1].code, 0) << Message(mixed[1]);
+  EXPECT_TRUE(WaitFor([&] { return Polling(*a) && h.rings()->watched() == 1; }));
+}
+
 // The ring of an ended session leaves the hot set (nothing keeps its segment and eventfd
 // alive), even while the thread spins for another ring; the other stays watched.
 TEST(CommitRingWatchTest, ARingOfAnEndedSessionLeavesTheHotSet) {
@@ -701,6 +728,24 @@ TEST_F(CommitRingCpuTest, TheDrainMovesOnlyToACpuOfItsOwnMask) {
   CommitWithHints(h, {own, own | ring::kCpuPipelined, own});
   EXPECT_EQ(h.rings()->cpu_moves(), 0u);
   EXPECT_EQ(h.rings()->last_cpu(), a);
+}
+
+// A doorbell with no records places the thread nowhere, whatever CPU the ring's header names:
+// only a batch's hint does (a client cannot send kvarnd's thread to a CPU by spamming its
+// doorbell). Two later batches of another ring without a hint: the second's round comes
+// after the whole round that took the doorbells.
+TEST_F(CommitRingCpuTest, AnEmptyDoorbellPlacesNothing) {
+  ServiceHarness h;
+  ASSERT_TRUE(StartNarrowed(h, cpus_, true).ok());
+  auto a = OpenMapped(h, "a");
+  auto b = OpenMapped(h, "b");
+  ASSERT_TRUE(a.ok() && b.ok());
+  a->ring.h()->cpu.store(static_cast<uint32_t>(cpus_[0]) + 1);
+  for (int i = 0; i < 3; ++i) a->ring.Ring();
+  ASSERT_EQ(CommitOne(*b, 0, 1), 0);
+  ASSERT_EQ(CommitOne(*b, 0, 2), 0);
+  EXPECT_EQ(h.rings()->cpu_moves(), 0u);
+  EXPECT_EQ(a->ring.h()->done.load(), 0u);
 }
 
 TEST_F(CommitRingCpuTest, TheDrainFollowsTheHintAcrossItsMask) {
