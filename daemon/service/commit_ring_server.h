@@ -23,19 +23,20 @@
 //
 // Watching: after a pipelined batch drained on another CPU than its client's, of which the core
 // accepted at least one commit (refused records cost their sender nothing and buy no spin), the
-// ring joins the hot set (watched()) and its `polling` word is set, which tells the client it may publish without
-// the doorbell. Each hot ring has its own deadline, its last batch + `watch` (by the injected
-// clock). Membership is decided again at every batch: a plain batch, or one drained on the client's
-// CPU, ends the ring's watch. Every round looks once at each hot ring's tail (one load each), so a
-// watched ring's records are served in the next round however busy the other rings keep the thread.
-// Only when no ring is ready does the thread spin over the hot tails; with follow_client_cpu, only
-// on the CPUs of its mask that no hot ring's client and no plain client of the last round
-// named (no such CPU: the watches end instead; without placement it spins on its whole mask,
-// yielding every few rounds). The spin looks at the doorbells without blocking every few rounds and
-// stops at the first one, so another ring's doorbell waits a few microseconds, not the rest of a
-// watch. A watch ends, ring by ring, at its deadline, when the ring breaks or its session ends:
-// `polling` cleared, a seq_cst fence, then one more look at its tail (the client stores its tail,
-// fences, then reads `polling`: either that look sees its records or the client sees 0 and rings).
+// ring joins the hot set (watched()) and its `polling` word is set, which tells the client it may
+// publish without the doorbell. Each hot ring has its own deadline, its last batch + `watch` (by
+// the injected clock). Membership is decided again at every batch: a plain batch, or one drained on
+// the client's CPU, ends the ring's watch. Every round looks once at each hot ring's tail (one load
+// each), so a watched ring's records are served in the next round however busy the other rings keep
+// the thread. Only when no ring is ready does the thread spin over the hot tails; with
+// follow_client_cpu, only on the CPUs of its mask that no hot ring's client and no plain client of
+// the last round named (no such CPU: the watches end instead; without placement it spins on its
+// whole mask, yielding every few rounds). The spin looks at the doorbells without blocking every
+// few rounds and stops at the first one, so another ring's doorbell waits a few microseconds, not
+// the rest of a watch. A watch ends, ring by ring, at its deadline, when the ring breaks or its
+// session ends: `polling` cleared, a seq_cst fence, then one more look at its tail (the client
+// stores its tail, fences, then reads `polling`: either that look sees its records or the client
+// sees 0 and rings).
 //
 // What a client can do to its own ring: garbage records get errors (INVALID_ARGUMENT for a
 // record's token count, the core's codes for the rest); a tail out of bounds breaks the ring

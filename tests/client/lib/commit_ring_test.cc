@@ -394,8 +394,8 @@ TEST_F(CommitRingTest, ACompletionThisProcessOverwroteLeavesItsSequenceUnknown) 
     absl::SleepFor(absl::Milliseconds(1));
   }
   ASSERT_EQ(header->done.load(), 1u) << "kvarnd never completed the record";
-  auto* completion = reinterpret_cast<ring::Completion*>(
-      ring->raw_memory() + ring::CompletionsOffset(ring->capacity()));
+  auto* completion = reinterpret_cast<ring::Completion*>(ring->raw_memory() +
+                                                         ring::CompletionsOffset(ring->capacity()));
   completion->position = 777;
   auto got = ring->Collect();
   ASSERT_TRUE(got.ok()) << got.status();
