@@ -218,6 +218,25 @@ absl::Status CommitRing::Await(uint32_t first, std::span<const uint64_t> seqs,
   return call;
 }
 
+absl::StatusOr<Session::SeqState*> CommitRing::CheckItem(uint64_t seq,
+                                                         std::span<const uint32_t> ids) {
+  auto it = session_->seqs_.find(seq);
+  if (it == session_->seqs_.end()) {
+    return absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
+  }
+  if (absl::Status f = Session::CheckNotInRing(seq, it->second); !f.ok()) return f;
+  if (static_cast<int>(ids.size()) != it->second.staged) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ids.size(), " token ids for ", it->second.staged, " staged tokens"));
+  }
+  if (ids.size() > ring::kRecordTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("a ring commit carries at most ",
+                                                   ring::kRecordTokens, " tokens, not ", ids.size(),
+                                                   ": use CommitBatch"));
+  }
+  return &it->second;
+}
+
 absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitRing::Commit(
     const std::vector<std::pair<uint64_t, std::vector<uint32_t>>>& items) {
   std::vector<absl::StatusOr<AppendInfo>> out(items.size(), absl::UnknownError("not sent"));
@@ -233,23 +252,8 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitRing::Commit(
   {
     MutexLock s(&session_->mu_);
     for (size_t i = 0; i < items.size(); ++i) {
-      const auto& [seq, ids] = items[i];
-      auto it = session_->seqs_.find(seq);
-      if (it == session_->seqs_.end()) {
-        out[i] = absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
-        continue;
-      }
-      if (absl::Status f = Session::CheckNotInRing(seq, it->second); !f.ok()) {
-        out[i] = f;
-        continue;
-      }
-      if (static_cast<int>(ids.size()) != it->second.staged) {
-        out[i] = absl::InvalidArgumentError(absl::StrCat(ids.size(), " token ids for ", it->second.staged, " staged tokens"));
-        continue;
-      }
-      if (ids.size() > ring::kRecordTokens) {
-        out[i] = absl::InvalidArgumentError(absl::StrCat("a ring commit carries at most ", ring::kRecordTokens,
-                                                         " tokens, not ", ids.size(), ": use CommitBatch"));
+      if (auto st = CheckItem(items[i].first, items[i].second); !st.ok()) {
+        out[i] = st.status();
         continue;
       }
       sent.push_back(i);
@@ -284,24 +288,15 @@ absl::Status CommitRing::Publish(uint64_t sequence, std::span<const uint32_t> id
   absl::Status refused = unusable_.ok() ? absl::OkStatus() : Unusable();
   if (refused.ok()) {
     MutexLock s(&session_->mu_);
-    auto it = session_->seqs_.find(sequence);
-    if (it == session_->seqs_.end()) {
-      refused = absl::NotFoundError(absl::StrCat("no sequence ", sequence, " in this session"));
-    } else if (absl::Status f = Session::CheckNotInRing(sequence, it->second); !f.ok()) {
-      refused = f;
-    } else if (static_cast<int>(ids.size()) != it->second.staged) {
-      refused = absl::InvalidArgumentError(
-          absl::StrCat(ids.size(), " token ids for ", it->second.staged, " staged tokens"));
-    } else if (ids.size() > ring::kRecordTokens) {
-      refused = absl::InvalidArgumentError(absl::StrCat("a ring commit carries at most ",
-                                                        ring::kRecordTokens, " tokens, not ",
-                                                        ids.size(), ": use CommitBatch"));
+    auto st = CheckItem(sequence, ids);
+    if (!st.ok()) {
+      refused = st.status();
     } else if (in_ring_ == capacity_) {
       refused = absl::ResourceExhaustedError(absl::StrCat(
           "the ring's ", capacity_, " records all await Collect: Collect before publishing more"));
     } else {
       WriteRecord(sequence, ids);
-      it->second.in_ring = true;
+      (*st)->in_ring = true;
     }
   }
   published_.push_back({sequence, refused});
@@ -322,8 +317,8 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitRing::Collect() {
     if (p.refused.ok()) {
       seqs.push_back(p.sequence);
       index.push_back(out.size());
-      out.emplace_back(absl::Status(absl::StatusCode::kUnknown,
-                                    ""));  // Await's to fill; no message, no allocation
+      // Await's to fill; no message, no allocation.
+      out.emplace_back(absl::Status(absl::StatusCode::kUnknown, ""));
     } else {
       out.emplace_back(std::move(p.refused));
     }

@@ -126,6 +126,11 @@ class CommitRing {
   CommitRing(Session* session, FdMapping memory, UniqueFd doorbell, uint32_t capacity)
       : session_(session), memory_(std::move(memory)), doorbell_(std::move(doorbell)), capacity_(capacity) {}
   ring::Header* header() const { return reinterpret_cast<ring::Header*>(memory_.data()); }
+  // The checks Commit and Publish make of one item before writing it (the messages are
+  // CommitBatch's): NOT_FOUND, a flight or unknown outcome, ids against the staged count,
+  // the record's token limit. The sequence's state when it passes.
+  absl::StatusOr<Session::SeqState*> CheckItem(uint64_t seq, std::span<const uint32_t> ids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, session_->mu_);
   // FAILED_PRECONDITION naming unusable_ (which must be an error).
   absl::Status Unusable() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits until kvarnd completed every record before `target`; OK, or why not.

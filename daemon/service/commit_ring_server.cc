@@ -41,7 +41,7 @@ struct CommitRingServer::Ring {
   // Drain thread only.
   bool queued = false;                  // in ready_
   bool hot = false;                     // in hot_, its `polling` word set
-  absl::Time watch_since, watch_until;  // its last pipelined batch, and that + watch
+  absl::Time watch_until;               // its last pipelined batch + watch
   int named_cpu = -1;  // the CPU of allowed_ its client named in that batch, -1 for none
   uint32_t accepted = 0;  // commits of its last batch the core accepted
   ring::Header* header() const { return reinterpret_cast<ring::Header*>(memory.data()); }
@@ -218,6 +218,13 @@ void CommitRingServer::Enqueue(const std::shared_ptr<Ring>& r) {
   ready_.push_back(r);
 }
 
+CommitRingServer::ClientCpu CommitRingServer::Decode(uint32_t hint) const {
+  // The hint is the client's to write: only a CPU of the thread's own mask counts.
+  const uint32_t named = hint & ~ring::kCpuPipelined;
+  const bool usable = named >= 1 && named <= CPU_SETSIZE && CPU_ISSET(named - 1, &allowed_);
+  return {usable ? static_cast<int>(named) - 1 : -1, (hint & ring::kCpuPipelined) != 0};
+}
+
 void CommitRingServer::DecideWatch(const std::shared_ptr<Ring>& r, uint32_t hint, int on,
                                    absl::Time now) {
   // A pipelining client publishes its commits one by one as it stages them: watch for the
@@ -226,18 +233,15 @@ void CommitRingServer::DecideWatch(const std::shared_ptr<Ring>& r, uint32_t hint
   // none of the batch (records refused unread cost their sender nothing: they must not buy
   // a spinning CPU). Anything else, a plain batch included, ends the watch: membership is
   // the last batch's, not the first's.
-  const bool pipelined = (hint & ring::kCpuPipelined) != 0;
-  const uint32_t named = hint & ~ring::kCpuPipelined;
-  const bool watch = pipelined && options_.watch > absl::ZeroDuration() && !r->broken &&
-                     r->accepted > 0 && static_cast<int64_t>(on) + 1 != static_cast<int64_t>(named);
+  const ClientCpu client = Decode(hint);
+  const bool watch = client.pipelined && options_.watch > absl::ZeroDuration() && !r->broken &&
+                     r->accepted > 0 && (client.cpu < 0 || on != client.cpu);
   if (!watch) {
     if (r->hot) EndWatches([&r](const Ring& x) { return &x == r.get(); });
     return;
   }
-  r->watch_since = now;
   r->watch_until = now + options_.watch;
-  const bool usable = named >= 1 && named <= CPU_SETSIZE && CPU_ISSET(named - 1, &allowed_);
-  r->named_cpu = usable ? static_cast<int>(named) - 1 : -1;
+  r->named_cpu = client.cpu;
   if (r->hot) return;
   r->hot = true;
   r->header()->polling.store(1, std::memory_order_relaxed);
@@ -265,9 +269,12 @@ void CommitRingServer::EndWatches(absl::FunctionRef<bool(const Ring&)> ends) {
 }
 
 void CommitRingServer::LookAtHot(absl::Time now) {
-  // A clock that went back ends the watch too: a deadline it can no longer be trusted for.
-  EndWatches(
-      [now](const Ring& r) { return r.broken || now >= r.watch_until || now < r.watch_since; });
+  // A clock that went back (before the batch) ends the watch too: a deadline it can no longer
+  // be trusted for.
+  const absl::Duration watch = options_.watch;
+  EndWatches([now, watch](const Ring& r) {
+    return r.broken || now >= r.watch_until || now < r.watch_until - watch;
+  });
   for (const std::shared_ptr<Ring>& r : hot_) {
     if (r->header()->tail.load(std::memory_order_acquire) != r->head) Enqueue(r);
   }
@@ -400,33 +407,31 @@ bool CommitRingServer::Drain(Ring& r) {
 }
 
 void CommitRingServer::PlaceThread(uint32_t hint) {
-  // The hint is the client's to write: anything but a CPU of the thread's own mask leaves the
-  // thread on its whole mask.
-  const bool pipelined = (hint & ring::kCpuPipelined) != 0;
-  const uint32_t named = hint & ~ring::kCpuPipelined;
+  // No usable CPU in the hint leaves the thread on its whole mask.
+  const ClientCpu client = Decode(hint);
+  const bool follow = client.cpu >= 0 && !client.pipelined;
   cpu_set_t want = allowed_;
-  const bool usable = named >= 1 && named <= CPU_SETSIZE && CPU_ISSET(named - 1, &allowed_);
-  if (usable && pipelined) {
-    CPU_CLR(named - 1, &want);
+  if (client.cpu >= 0 && client.pipelined) {
+    CPU_CLR(client.cpu, &want);
     if (CPU_COUNT(&want) == 0) want = allowed_;  // no other CPU: share the client's
-  } else if (usable) {
+  } else if (follow) {
     CPU_ZERO(&want);
-    CPU_SET(named - 1, &want);
+    CPU_SET(client.cpu, &want);
   }
   if (!CPU_EQUAL(&want, &current_)) {
     if (sched_setaffinity(0, sizeof(want), &want) != 0) return;  // e.g. the CPU went offline
     current_ = want;
-    if (usable && !pipelined) cpu_moves_.fetch_add(1);
+    if (follow) cpu_moves_.fetch_add(1);
   }
-  if (usable && !pipelined) CPU_SET(named - 1, &pinned_);
+  if (follow) CPU_SET(client.cpu, &pinned_);
 }
 
 void CommitRingServer::Break(Ring& r, const absl::Status& why) {
   if (r.broken) return;
   r.broken = true;
   broken_.fetch_add(1);
-  epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, r.doorbell.get(),
-            nullptr);  // its doorbell costs nothing now
+  // Its doorbell costs nothing now.
+  epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, r.doorbell.get(), nullptr);
   ring::Header* h = r.header();
   uint32_t bytes = 0;
   WriteMessage(why.message(), h->broken_message, &bytes);

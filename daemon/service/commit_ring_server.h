@@ -146,6 +146,13 @@ class CommitRingServer {
   void Break(Ring& r, const absl::Status& why);
   // Drops the rings of ended sessions, from rings_ and from the hot set.
   void Sweep();
+  // A batch's cpu hint: the CPU of allowed_ its client named (-1 for none, or one outside
+  // the mask), and whether it pipelines (ring::kCpuPipelined).
+  struct ClientCpu {
+    int cpu;
+    bool pipelined;
+  };
+  ClientCpu Decode(uint32_t hint) const;
   // With follow_client_cpu: sets the drain thread's mask for a batch with `hint` (the
   // client's CPU for a plain batch, every CPU of allowed_ but the client's for a pipelined
   // one, all of allowed_ for no usable hint), when it differs from current_.
@@ -170,8 +177,7 @@ class CommitRingServer {
   void Watch();
   // With follow_client_cpu: moves the thread to allowed_ minus every hot ring's named CPU
   // and minus the CPUs plain clients of the last round placed it on; false when no CPU is
-  // left (or the move
-  // failed while the thread is pinned).
+  // left (or the move failed while the thread is pinned).
   bool PlaceForWatch();
 
   KvCore* const core_;
