@@ -17,19 +17,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "tests/client/lib/in_process_daemon.h"
+#include "tests/common/wait_for.h"
 
 namespace kvarn::testing {
 namespace {
-
-// Polls `done` until it holds or `timeout` passes; returns its last value.
-bool WaitFor(const std::function<bool()>& done, absl::Duration timeout = absl::Seconds(10)) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!done()) {
-    if (absl::Now() >= deadline) return done();
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  return true;
-}
 
 void SetDeadline(grpc::ClientContext* ctx) {
   ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));

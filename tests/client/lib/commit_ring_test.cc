@@ -18,6 +18,7 @@
 #include "client/lib/client.h"
 #include "kernels/fp16.h"
 #include "tests/client/lib/in_process_daemon.h"
+#include "tests/common/wait_for.h"
 
 namespace kvarn::testing {
 namespace {
@@ -351,10 +352,7 @@ TEST_F(CommitRingTest, AClosedRingFreesWhatItDidNotApplyAndRefusesItsCalls) {
   header->tail.store(4 * ring->capacity(), std::memory_order_release);
   const uint64_t one = 1;
   ASSERT_EQ(write(ring->doorbell_fd(), &one, sizeof(one)), static_cast<ssize_t>(sizeof(one)));
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (header->broken.load(std::memory_order_acquire) == 0 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  ASSERT_TRUE(WaitFor([&] { return header->broken.load(std::memory_order_acquire) != 0; }));
   ASSERT_EQ(header->broken.load(), static_cast<uint32_t>(Code::kFailedPrecondition));
   // The client has not noticed: the record goes in, and Collect finds the ring closed.
   ASSERT_TRUE(ring->Publish(q, std::vector<uint32_t>{1}).ok());
@@ -389,11 +387,8 @@ TEST_F(CommitRingTest, ACompletionThisProcessOverwroteLeavesItsSequenceUnknown) 
   ASSERT_NE(ring, nullptr);
   ASSERT_TRUE(ring->Publish(q, std::vector<uint32_t>{1}).ok());
   auto* header = reinterpret_cast<ring::Header*>(ring->raw_memory());
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (header->done.load(std::memory_order_acquire) != 1 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  ASSERT_EQ(header->done.load(), 1u) << "kvarnd never completed the record";
+  ASSERT_TRUE(WaitFor([&] { return header->done.load(std::memory_order_acquire) == 1; }))
+      << "kvarnd never completed the record";
   auto* completion = reinterpret_cast<ring::Completion*>(ring->raw_memory() +
                                                          ring::CompletionsOffset(ring->capacity()));
   completion->position = 777;

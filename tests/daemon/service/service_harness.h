@@ -39,6 +39,7 @@
 #include "daemon/service/descriptor_server.h"
 #include "daemon/service/kv_service.h"
 #include "kvarn/v1/kvarn.grpc.pb.h"
+#include "tests/common/wait_for.h"
 
 namespace kvarn::testing {
 
@@ -81,16 +82,6 @@ class CountingObserver final : public RpcObserver {
   mutable Mutex mu_;
   std::map<std::string, int> calls_ ABSL_GUARDED_BY(mu_);
 };
-
-// Polls `done` until it holds or `timeout` passes; returns its last value.
-inline bool WaitFor(const std::function<bool()>& done, absl::Duration timeout = absl::Seconds(10)) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!done()) {
-    if (absl::Now() >= deadline) return done();
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  return true;
-}
 
 inline void SetDeadline(grpc::ClientContext* ctx, absl::Duration d = absl::Seconds(10)) {
   ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d));
