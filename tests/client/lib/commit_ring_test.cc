@@ -4,7 +4,9 @@
 // or the ring is gone; its commits tell the daemon which CPU they come from.
 #include "client/lib/commit_ring.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -38,17 +40,21 @@ class CommitRingTest : public ::testing::Test {
   void TearDown() override {
     sessions_.clear();
     client_.reset();
+    others_.clear();
     EXPECT_TRUE(h_->CheckInvariants().ok()) << h_->CheckInvariants();
   }
-  Session* Open(const std::string& tenant, uint32_t slots = 4, bool map = true) {
+  // A session of the fixture's client, or of a client of its own with `options` (and no
+  // mapped pool unless `map`).
+  Session* Open(const std::string& tenant, uint32_t slots = 4, bool map = true,
+                const ClientOptions* options = nullptr) {
     Client* c = client_.get();
-    if (!map) {
-      ClientOptions o;
-      o.map_pool = false;
+    if (!map || options != nullptr) {
+      ClientOptions o = options != nullptr ? *options : ClientOptions{};
+      o.map_pool = map;
       auto other = Client::Connect(h_->target(), o, absl::Seconds(10));
       EXPECT_TRUE(other.ok());
-      unmapped_ = std::move(*other);
-      c = unmapped_.get();
+      others_.push_back(std::move(*other));
+      c = others_.back().get();
     }
     auto d = c->Describe();
     EXPECT_TRUE(d.ok());
@@ -80,8 +86,36 @@ class CommitRingTest : public ::testing::Test {
 
   void SameStateAsCommitBatch(bool pipelined);
 
+  // q's last ring commit has an unknown outcome: every call that would touch q (Publish too,
+  // when `ring` is still usable), CommitBatch included, is FAILED_PRECONDITION naming it and
+  // changes nothing in kvarnd; Release frees q.
+  void ExpectUnknownUntilRelease(Session* s, CommitRing* ring, bool ring_usable, uint64_t q) {
+    const absl::StatusOr<uint64_t> before = h_->SequenceTokens(s->Ref(), q);
+    ASSERT_TRUE(before.ok()) << before.status();
+    const std::vector<float> kv = TestKv(1, 8);
+    const auto unknown = [&](const absl::Status& st, const char* what) {
+      EXPECT_EQ(st.code(), Code::kFailedPrecondition) << what << ": " << st;
+      EXPECT_NE(st.message().find("unknown outcome"), std::string::npos) << what << ": " << st;
+    };
+    unknown(s->Stage(q, 1, kv.data(), kv.data(), DType::kF32), "Stage");
+    unknown(s->MarkStaged(q, 1), "MarkStaged");
+    unknown(s->TailSlot(q).status(), "TailSlot");
+    unknown(s->Commit(q, std::vector<uint32_t>{1}).status(), "Commit");
+    unknown(s->AppendInline(q, std::vector<uint32_t>{1}, kv.data(), kv.data(), DType::kF32).status(),
+            "AppendInline");
+    unknown(s->Fork(q).status(), "Fork");
+    if (ring_usable) unknown(ring->Publish(q, std::vector<uint32_t>{1}), "Publish");
+    auto batch = s->CommitBatch({{q, {1}}});
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    unknown((*batch)[0].status(), "CommitBatch");
+    EXPECT_EQ(*h_->SequenceTokens(s->Ref(), q), *before) << "CommitBatch appended nothing";
+    ASSERT_TRUE(s->Release(std::vector<uint64_t>{q}).ok());
+    EXPECT_EQ(s->Table(q).status().code(), Code::kNotFound);
+  }
+
   std::unique_ptr<InProcessDaemon> h_;
-  std::unique_ptr<Client> client_, unmapped_;
+  std::unique_ptr<Client> client_;
+  std::vector<std::unique_ptr<Client>> others_;  // clients of their own options (Open)
   std::vector<std::unique_ptr<Session>> sessions_;
 };
 
@@ -397,27 +431,57 @@ TEST_F(CommitRingTest, ACompletionThisProcessOverwroteLeavesItsSequenceUnknown) 
   ASSERT_EQ(got->size(), 1u);
   EXPECT_EQ((*got)[0].status().code(), Code::kInternal) << (*got)[0].status();
   EXPECT_EQ(*h_->SequenceTokens(s->Ref(), q), 1u) << "kvarnd applied it";
-  const std::vector<float> kv = TestKv(1, 8);
-  const absl::Status again = s->Stage(q, 1, kv.data(), kv.data(), DType::kF32);
-  const auto unknown = [&](const absl::Status& st, const char* what) {
+  ExpectUnknownUntilRelease(s, ring.get(), /*ring_usable=*/true, q);
+}
+
+// A commit kvarnd does not answer within the client's rpc_timeout (here its doorbell rings an
+// eventfd kvarnd does not watch, so kvarnd never looks) is DEADLINE_EXCEEDED and of unknown
+// outcome: kvarnd may still apply it, so its sequence is blocked until Release, and the ring's
+// calls name the timeout from then on.
+TEST_F(CommitRingTest, ACommitKvarndDoesNotAnswerInTimeLeavesItsSequenceUnknown) {
+  ClientOptions o;
+  o.rpc_timeout = absl::Milliseconds(300);
+  Session* s = Open("tenant-a", 4, true, &o);
+  auto [ring, q] = RingWithOneStagedToken(s);
+  ASSERT_NE(ring, nullptr);
+  const int quiet = eventfd(0, EFD_CLOEXEC);
+  ASSERT_GE(quiet, 0);
+  ASSERT_EQ(dup2(quiet, ring->doorbell_fd()), ring->doorbell_fd());
+  close(quiet);
+  auto got = ring->Commit({{q, {1}}});
+  EXPECT_EQ(got.status().code(), Code::kDeadlineExceeded) << got.status();
+  EXPECT_NE(got.status().message().find("outcome is unknown"), std::string::npos) << got.status();
+  const auto unusable = [&](const absl::Status& st, const char* what) {
     EXPECT_EQ(st.code(), Code::kFailedPrecondition) << what << ": " << st;
-    EXPECT_NE(st.message().find("unknown outcome"), std::string::npos) << what << ": " << st;
+    EXPECT_NE(st.message().find("unusable (DEADLINE_EXCEEDED"), std::string::npos) << what << ": " << st;
   };
-  unknown(again, "Stage");
-  unknown(s->MarkStaged(q, 1), "MarkStaged");
-  unknown(s->TailSlot(q).status(), "TailSlot");
-  unknown(s->Commit(q, std::vector<uint32_t>{1}).status(), "Commit");
-  unknown(s->AppendInline(q, std::vector<uint32_t>{1}, kv.data(), kv.data(), DType::kF32).status(),
-          "AppendInline");
-  unknown(s->Fork(q).status(), "Fork");
-  unknown(ring->Publish(q, std::vector<uint32_t>{1}), "Publish");
-  auto batch = s->CommitBatch({{q, {1}}});
-  ASSERT_TRUE(batch.ok()) << batch.status();
-  unknown((*batch)[0].status(), "CommitBatch");
-  EXPECT_EQ(*h_->SequenceTokens(s->Ref(), q), 1u) << "not appended twice";
-  // Release frees it.
-  ASSERT_TRUE(s->Release(std::vector<uint64_t>{q}).ok());
-  EXPECT_EQ(s->Table(q).status().code(), Code::kNotFound);
+  unusable(ring->Collect().status(), "Collect");
+  const uint64_t other = Sequences(s, 1)[0];
+  const std::vector<float> kv = TestKv(1, 9);
+  ASSERT_TRUE(s->Stage(other, 1, kv.data(), kv.data(), DType::kF32).ok());
+  unusable(ring->Commit({{other, {2}}}).status(), "Commit");
+  ExpectUnknownUntilRelease(s, ring.get(), /*ring_usable=*/false, q);
+}
+
+// A Publish whose doorbell write fails (here the descriptor is /dev/null, read-only) has put
+// its record in the ring, where kvarnd may still find it: the Publish is INTERNAL, Collect
+// names the failure, and the sequence is of unknown outcome until Release.
+TEST_F(CommitRingTest, AFailedDoorbellLeavesWhatItPublishedUnknown) {
+  Session* s = Open("tenant-a");
+  auto [ring, q] = RingWithOneStagedToken(s);
+  ASSERT_NE(ring, nullptr);
+  const int read_only = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(read_only, 0);
+  ASSERT_EQ(dup2(read_only, ring->doorbell_fd()), ring->doorbell_fd());
+  close(read_only);
+  const absl::Status published = ring->Publish(q, std::vector<uint32_t>{1});
+  EXPECT_EQ(published.code(), Code::kInternal) << published;
+  EXPECT_NE(published.message().find("doorbell failed"), std::string::npos) << published;
+  auto got = ring->Collect();
+  EXPECT_EQ(got.status().code(), Code::kFailedPrecondition) << got.status();
+  EXPECT_NE(got.status().message().find("unusable (INTERNAL: the ring's doorbell failed"), std::string::npos)
+      << got.status();
+  ExpectUnknownUntilRelease(s, ring.get(), /*ring_usable=*/false, q);
 }
 
 TEST_F(CommitRingTest, ErrorsComeBackWithCommitBatchsCodesAndMessages) {
