@@ -3,8 +3,11 @@
 //
 // A quantized block holds one G-token tile of every layer and kv-head: records of
 // Preset::RecordBytes(head_dim) bytes back to back, layer-major. An fp16 block holds up to
-// G tokens of every layer and kv-head in the storage frame: for each (layer, head), keys
-// [G][D] then values [G][D], binary16. Block id -> byte offset is arithmetic, so a block
+// G tokens of every layer and kv-head in the storage frame, binary16, token-major: token t's
+// row is fp16_token_elems() elements, and in it each (layer, head) in order has its key row
+// [D] then its value row [D]. So one token's K/V for the whole model is one contiguous run
+// (what a decode step writes, and what its commit checks), and the rows of one (layer, head)
+// lie fp16_token_elems() elements apart. Block id -> byte offset is arithmetic, so a block
 // table is just ids.
 #ifndef KVARN_KERNELS_BLOCK_LAYOUT_H_
 #define KVARN_KERNELS_BLOCK_LAYOUT_H_
@@ -34,14 +37,20 @@ struct BlockLayout {
   KVARN_HD size_t tile_elems() const {
     return static_cast<size_t>(tile_tokens) * static_cast<size_t>(head_dim);
   }
-  KVARN_HD size_t fp16_slot_bytes() const { return 2 * tile_elems() * sizeof(uint16_t); }
-  KVARN_HD size_t fp16_block_bytes() const { return slots() * fp16_slot_bytes(); }
+  // Elements of one token in an fp16 block: the distance between a (layer, head)'s rows.
+  KVARN_HD size_t fp16_token_elems() const { return 2 * slots() * static_cast<size_t>(head_dim); }
+  KVARN_HD size_t fp16_token_bytes() const { return fp16_token_elems() * sizeof(uint16_t); }
+  KVARN_HD size_t fp16_block_bytes() const {
+    return static_cast<size_t>(tile_tokens) * fp16_token_bytes();
+  }
 
-  // Byte offsets inside a block.
+  // Byte offsets inside a block; Fp16KeysOffset and Fp16ValuesOffset are token 0's rows.
   KVARN_HD size_t RecordOffset(int layer, int head) const { return slot(layer, head) * record_bytes; }
-  KVARN_HD size_t Fp16KeysOffset(int layer, int head) const { return slot(layer, head) * fp16_slot_bytes(); }
+  KVARN_HD size_t Fp16KeysOffset(int layer, int head) const {
+    return 2 * slot(layer, head) * static_cast<size_t>(head_dim) * sizeof(uint16_t);
+  }
   KVARN_HD size_t Fp16ValuesOffset(int layer, int head) const {
-    return Fp16KeysOffset(layer, head) + tile_elems() * sizeof(uint16_t);
+    return Fp16KeysOffset(layer, head) + static_cast<size_t>(head_dim) * sizeof(uint16_t);
   }
 };
 

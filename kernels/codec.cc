@@ -18,13 +18,17 @@ CodecStatus CheckPresetAndDim(const Preset& preset, int head_dim) {
   return {};
 }
 
-CodecStatus CheckRun(const Fp16Run& run, int max_tokens, const char* what) {
+CodecStatus CheckRun(const Fp16Run& run, int max_tokens, int head_dim, const char* what) {
   if (run.tokens < 0 || run.tokens > max_tokens) {
     return InvalidArgument(std::string(what) + " holds " + std::to_string(run.tokens) +
                            " tokens; allowed 0.." + std::to_string(max_tokens));
   }
   if (run.tokens > 0 && (run.keys == nullptr || run.values == nullptr)) {
     return InvalidArgument(std::string(what) + " has tokens but no data");
+  }
+  if (run.stride != 0 && run.stride < static_cast<size_t>(head_dim)) {
+    return InvalidArgument(std::string(what) + "'s row stride " + std::to_string(run.stride) +
+                           " is less than head_dim " + std::to_string(head_dim));
   }
   return {};
 }
@@ -68,21 +72,21 @@ CodecStatus Codec::DecodeTile(const Preset& preset, int head_dim, std::span<cons
   return kernels_->decode(preset, head_dim, record.data(), out);
 }
 
-CodecStatus Codec::DecodeFp16Tile(const Preset& preset, int head_dim, const uint16_t* keys,
-                                  const uint16_t* values, int tokens, const TileOut& out) const {
+CodecStatus Codec::DecodeFp16Tile(const Preset& preset, int head_dim, const Fp16Run& run,
+                                  const TileOut& out) const {
   KVARN_RETURN_IF_ERROR(CheckPresetAndDim(preset, head_dim));
-  if (keys == nullptr || values == nullptr || out.keys == nullptr || out.values == nullptr) {
+  if (run.keys == nullptr || run.values == nullptr || out.keys == nullptr ||
+      out.values == nullptr) {
     return InvalidArgument("no input or output buffers");
   }
-  if (tokens < 0 || tokens > preset.tile_tokens) {
-    return InvalidArgument("tokens must be in 0.." + std::to_string(preset.tile_tokens));
-  }
+  KVARN_RETURN_IF_ERROR(CheckRun(run, preset.tile_tokens, head_dim, "fp16 tile"));
+  const size_t stride = run.RowStride(head_dim);
   std::vector<float> row(head_dim);
   for (int which = 0; which < 2; ++which) {
-    const uint16_t* src = which == 0 ? keys : values;
+    const uint16_t* src = which == 0 ? run.keys : run.values;
     void* dst = which == 0 ? out.keys : out.values;
-    for (size_t t = 0; t < static_cast<size_t>(tokens); ++t) {
-      for (int c = 0; c < head_dim; ++c) row[c] = HalfToFloat(src[t * head_dim + c]);
+    for (size_t t = 0; t < static_cast<size_t>(run.tokens); ++t) {
+      for (int c = 0; c < head_dim; ++c) row[c] = HalfToFloat(src[t * stride + c]);
       if (preset.rotates() && out.frame == Frame::kOriginal) FwhtInPlace(row.data(), head_dim);
       for (int c = 0; c < head_dim; ++c) {
         if (out.dtype == DType::kF32) {
@@ -110,8 +114,8 @@ CodecStatus Codec::AttendDecode(const Preset& preset, int head_dim, const float*
     return InvalidArgument("softmax_scale must be finite and >= 0");
   }
   const int g = preset.tile_tokens;
-  KVARN_RETURN_IF_ERROR(CheckRun(seq.sink, g, "sink"));
-  KVARN_RETURN_IF_ERROR(CheckRun(seq.tail, g, "tail"));
+  KVARN_RETURN_IF_ERROR(CheckRun(seq.sink, g, head_dim, "sink"));
+  KVARN_RETURN_IF_ERROR(CheckRun(seq.tail, g, head_dim, "tail"));
   for (const uint8_t* tile : seq.tiles) {
     if (tile == nullptr) return InvalidArgument("null tile in sequence");
   }

@@ -48,11 +48,18 @@ struct EncodeOptions {
   static constexpr int kMaxIterations = 64;
 };
 
-// fp16 tokens in the storage frame: keys and values [tokens][D], bit patterns of binary16.
+// fp16 tokens in the storage frame: keys and values, `tokens` rows of D each, bit patterns of
+// binary16. Row t starts t * stride elements after row 0: 0 means D (contiguous [tokens][D]);
+// a pool's fp16 block has BlockLayout::fp16_token_elems() (its rows are token-major).
 struct Fp16Run {
   const uint16_t* keys = nullptr;
   const uint16_t* values = nullptr;
   int tokens = 0;
+  size_t stride = 0;
+
+  size_t RowStride(int head_dim) const {
+    return stride != 0 ? stride : static_cast<size_t>(head_dim);
+  }
 };
 
 // The K/V of one (layer, kv-head) of a sequence as decode attention sees it: the fp16 sink
@@ -96,11 +103,11 @@ class Codec {
   CodecStatus DecodeTile(const Preset& preset, int head_dim, std::span<const uint8_t> record,
                          const TileOut& out) const;
 
-  // Converts an fp16 tile in the preset's storage frame (a sink block's or tail slot's
-  // [G][D] keys and values, e.g. at BlockLayout::Fp16KeysOffset) to the requested frame and
-  // dtype. Only the first `tokens` rows are converted.
-  CodecStatus DecodeFp16Tile(const Preset& preset, int head_dim, const uint16_t* keys,
-                             const uint16_t* values, int tokens, const TileOut& out) const;
+  // Converts fp16 rows in the preset's storage frame (a sink block's or tail slot's keys and
+  // values, e.g. at BlockLayout::Fp16KeysOffset with its fp16_token_elems() stride) to
+  // [run.tokens][D] keys and values in the requested frame and dtype.
+  CodecStatus DecodeFp16Tile(const Preset& preset, int head_dim, const Fp16Run& run,
+                             const TileOut& out) const;
 
   // Decode attention of num_queries query heads that share this kv-head (grouped-query
   // attention: each tile is read once for the whole group). queries and out are
@@ -116,7 +123,8 @@ class Codec {
 
   // Rotates n tokens of original-frame K/V, laid out [n][num_layers][num_kv_heads][head_dim]
   // (f32 or fp16 bits), into the storage frame and writes them as fp16 into an fp16 slot
-  // (BlockLayout: keys [G][D] then values [G][D] per layer and kv-head) at token `first`:
+  // (BlockLayout: token-major rows, a key row then a value row per layer and kv-head) at token
+  // `first`:
   // what a worker does with new tokens before committing them. Writes nothing when the input
   // holds NaN, Inf or values beyond the fp16 range, or [first, first + n) leaves the tile.
   CodecStatus StoreTokens(const Preset& preset, const BlockLayout& layout, uint8_t* slot, int first,

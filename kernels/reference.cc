@@ -223,17 +223,19 @@ struct Softmax {
   }
 };
 
-void AttendFp16(const float* q, int d, const uint16_t* keys, const uint16_t* values, int tokens,
-                float scale, Softmax* sm) {
-  std::vector<float> scores(tokens), p;
-  for (int t = 0; t < tokens; ++t) {
+void AttendFp16(const float* q, int d, const Fp16Run& run, float scale, Softmax* sm) {
+  const size_t stride = run.RowStride(d);
+  std::vector<float> scores(run.tokens), p;
+  for (int t = 0; t < run.tokens; ++t) {
     float s = 0.0f;
-    for (int c = 0; c < d; ++c) s += q[c] * HalfToFloat(keys[static_cast<size_t>(t) * d + c]);
+    for (int c = 0; c < d; ++c)
+      s += q[c] * HalfToFloat(run.keys[static_cast<size_t>(t) * stride + c]);
     scores[t] = s * scale;
   }
   sm->Absorb(scores, &p);
-  for (int t = 0; t < tokens; ++t) {
-    for (int c = 0; c < d; ++c) sm->acc[c] += p[t] * HalfToFloat(values[static_cast<size_t>(t) * d + c]);
+  for (int t = 0; t < run.tokens; ++t) {
+    for (int c = 0; c < d; ++c)
+      sm->acc[c] += p[t] * HalfToFloat(run.values[static_cast<size_t>(t) * stride + c]);
   }
 }
 
@@ -274,16 +276,16 @@ CodecStatus Attend(const Preset& preset, int d, const float* queries, int num_qu
     if (preset.rotates()) FwhtInPlace(q.data(), d);
     Softmax sm;
     sm.acc.assign(d, 0.0f);
-    if (seq.sink.tokens > 0) AttendFp16(q.data(), d, seq.sink.keys, seq.sink.values, seq.sink.tokens, scale, &sm);
+    if (seq.sink.tokens > 0) AttendFp16(q.data(), d, seq.sink, scale, &sm);
     for (const uint8_t* tile : seq.tiles) {
       if (preset.quantizes()) {
         AttendTile(preset, q.data(), d, tile, scale, &sm);
       } else {
         const auto* k = reinterpret_cast<const uint16_t*>(tile);
-        AttendFp16(q.data(), d, k, k + tile_elems, g, scale, &sm);
+        AttendFp16(q.data(), d, Fp16Run{k, k + tile_elems, g}, scale, &sm);
       }
     }
-    if (seq.tail.tokens > 0) AttendFp16(q.data(), d, seq.tail.keys, seq.tail.values, seq.tail.tokens, scale, &sm);
+    if (seq.tail.tokens > 0) AttendFp16(q.data(), d, seq.tail, scale, &sm);
     float* o = out + static_cast<size_t>(h) * d;
     for (int c = 0; c < d; ++c) o[c] = sm.acc[c] / sm.sum;
     if (lse != nullptr) lse[h] = sm.max + std::log(sm.sum);

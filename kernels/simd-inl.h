@@ -52,16 +52,6 @@ HWY_INLINE void StoreHalf(VF v, uint16_t* p) {
   for (size_t i = 0; i < hn::Lanes(DF()); ++i) p[i] = FloatToHalf(lanes[i]);
 #endif
 }
-// As StoreHalf, with a non-temporal store where the conversion is vectorized. REQUIRES: p
-// aligned to the halves' vector (Lanes(DF) * 2 bytes). The caller fences (hwy::FlushStream)
-// before another thread may read what it wrote.
-HWY_INLINE void StreamHalf(VF v, uint16_t* p) {
-#if KVARN_SIMD_EXACT_F16_DEMOTE
-  hn::Stream(hn::DemoteTo(DHF(), v), DHF(), reinterpret_cast<hwy::float16_t*>(p));
-#else
-  StoreHalf(v, p);
-#endif
-}
 // One code per byte, widened to float.
 HWY_INLINE VF LoadCodes(const uint8_t* p) {
   return hn::ConvertTo(DF(), hn::PromoteTo(DI(), hn::LoadU(DU8F(), p)));

@@ -591,29 +591,24 @@ CodecStatus AttendImpl(const Preset& preset, int head_dim, const float* queries,
   // the first tile does not wait.
   SpanPrefetcher pf;
   const size_t row_bytes = d * sizeof(uint16_t);
-  pf.Add(seq.sink.keys, seq.sink.tokens * row_bytes);
-  pf.Add(seq.sink.values, seq.sink.tokens * row_bytes);
-  pf.Add(seq.tail.keys, seq.tail.tokens * row_bytes);
-  pf.Add(seq.tail.values, seq.tail.tokens * row_bytes);
+  for (const Fp16Run* run : {&seq.sink, &seq.tail}) {
+    const size_t stride = run->RowStride(head_dim) * sizeof(uint16_t);
+    pf.Add(run->keys, static_cast<size_t>(run->tokens), row_bytes, stride);
+    pf.Add(run->values, static_cast<size_t>(run->tokens), row_bytes, stride);
+  }
   const size_t record_bytes = preset.quantizes() ? preset.Layout(head_dim).total : 0;
   for (size_t i = 0; i < std::min<size_t>(2, seq.tiles.size()) && record_bytes > 0; ++i) {
-    pf.Add(seq.tiles[i], record_bytes);
+    pf.Add(seq.tiles[i], 1, record_bytes, 0);
   }
   for (size_t i = 0; i < kFp16LeadLines; ++i) pf.Step();
-  if (seq.sink.tokens > 0) {
-    AttendFp16(d, heads, seq.sink.keys, seq.sink.values, seq.sink.tokens, scale, s, fp16_state,
-               pf);
-  }
-  if (seq.tail.tokens > 0) {
-    AttendFp16(d, heads, seq.tail.keys, seq.tail.values, seq.tail.tokens, scale, s, fp16_state,
-               pf);
-  }
+  if (seq.sink.tokens > 0) AttendFp16(d, heads, seq.sink, scale, s, fp16_state, pf);
+  if (seq.tail.tokens > 0) AttendFp16(d, heads, seq.tail, scale, s, fp16_state, pf);
   pf.Drain();
   if (!preset.quantizes()) {
     SpanPrefetcher none;
     for (const uint8_t* tile : seq.tiles) {
       const auto* k = reinterpret_cast<const uint16_t*>(tile);
-      AttendFp16(d, heads, k, k + g * d, g, scale, s, fp16_state, none);
+      AttendFp16(d, heads, Fp16Run{k, k + g * d, static_cast<int>(g)}, scale, s, fp16_state, none);
     }
   } else if (!seq.tiles.empty()) {
     PlanePermutation(g, preset.key_bits, s.tok_perm.get());

@@ -22,6 +22,7 @@
 
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
+#include "kernels/codec.h"
 #include "kernels/simd-inl.h"
 #include "kernels/simd_scratch.h"
 
@@ -50,25 +51,25 @@ struct SoftmaxState {
 class SpanPrefetcher {
  public:
   static constexpr int kMaxSpans = 6;
-  void Add(const void* p, size_t bytes) {
-    if (p == nullptr || bytes == 0 || n_ == kMaxSpans) return;
-    const auto* b = static_cast<const uint8_t*>(p);
-    spans_[n_++] = {b, b + bytes};
-    if (n_ == 1) {
-      next_ = spans_[0].begin;
-      end_ = spans_[0].end;
-    }
+  // `rows` rows of `row_bytes`, `stride` bytes apart (a pool block's fp16 rows are a token
+  // apart; a record is one row).
+  void Add(const void* p, size_t rows, size_t row_bytes, size_t stride) {
+    if (p == nullptr || rows == 0 || row_bytes == 0 || n_ == kMaxSpans) return;
+    spans_[n_++] = {static_cast<const uint8_t*>(p), rows, row_bytes, stride};
   }
-  // One cache line per call, the next span's first once one is done.
+  // One cache line per call: the row's next, the next row's first, the next span's first.
   HWY_INLINE void Step() {
-    if (next_ >= end_) {
-      if (cur_ + 1 >= n_) return;
-      ++cur_;
-      next_ = spans_[cur_].begin;
-      end_ = spans_[cur_].end;
+    if (cur_ >= n_) return;
+    const Span& s = spans_[cur_];
+    __builtin_prefetch(s.begin + row_ * s.stride + off_, /*rw=*/0, /*locality=*/2);  // prefetcht1
+    off_ += 64;
+    if (off_ >= s.row_bytes) {
+      off_ = 0;
+      if (++row_ == s.rows) {
+        row_ = 0;
+        ++cur_;
+      }
     }
-    __builtin_prefetch(next_, /*rw=*/0, /*locality=*/2);  // prefetcht1
-    next_ += 64;
   }
   // One line per 64 bytes the kernels have read.
   HWY_INLINE void Consumed(size_t bytes) {
@@ -76,19 +77,18 @@ class SpanPrefetcher {
   }
   // Fetches what is left of every span at once.
   void Drain() {
-    while (next_ < end_ || cur_ + 1 < n_) Step();
+    while (cur_ < n_) Step();
   }
 
  private:
   struct Span {
     const uint8_t* begin;
-    const uint8_t* end;
+    size_t rows, row_bytes, stride;
   };
   Span spans_[kMaxSpans] = {};
   int n_ = 0, cur_ = 0;
-  size_t read_ = 0;  // bytes read since the last Step
-  const uint8_t* next_ = nullptr;
-  const uint8_t* end_ = nullptr;
+  size_t row_ = 0, off_ = 0;  // the next line: row and byte offset in the current span
+  size_t read_ = 0;           // bytes read since the last Step
 };
 
 // How far SpanPrefetcher runs ahead of the fp16 kernels, in cache lines.
@@ -118,10 +118,11 @@ HWY_INLINE void SumsOf4(const VF* HWY_RESTRICT v, float* HWY_RESTRICT sums) {
 }
 
 // scores[h][t] = scale * q[h] . k[t] for H heads, two tokens at a time (each query vector
-// loaded once for both); each key vector is widened once.
+// loaded once for both); each key vector is widened once. Key rows are `stride` apart.
 template <int H>
 void Fp16Scores(size_t d, const float* HWY_RESTRICT q, const uint16_t* HWY_RESTRICT keys,
-                size_t tokens, float scale, float* HWY_RESTRICT scores, SpanPrefetcher& pf) {
+                size_t stride, size_t tokens, float scale, float* HWY_RESTRICT scores,
+                SpanPrefetcher& pf) {
   static_assert(H <= 4, "SumsOf4 reduces four heads");
   const DF df;
   const size_t N = hn::Lanes(df);
@@ -129,7 +130,7 @@ void Fp16Scores(size_t d, const float* HWY_RESTRICT q, const uint16_t* HWY_RESTR
   float sums[4];
   for (size_t t = 0; t < tokens; t += kTokens) {
     const int nt = t + 1 < tokens ? kTokens : 1;
-    const uint16_t* k = keys + t * d;
+    const uint16_t* k = keys + t * stride;
     pf.Consumed(nt * d * sizeof(uint16_t));
     VF acc[kTokens][4];
     for (int i = 0; i < kTokens; ++i) {
@@ -137,7 +138,7 @@ void Fp16Scores(size_t d, const float* HWY_RESTRICT q, const uint16_t* HWY_RESTR
     }
     if (nt == kTokens) {
       for (size_t c = 0; c < d; c += N) {
-        const VF k0 = LoadHalf(k + c), k1 = LoadHalf(k + d + c);
+        const VF k0 = LoadHalf(k + c), k1 = LoadHalf(k + stride + c);
         for (int h = 0; h < H; ++h) {
           const VF qv = hn::LoadU(df, q + h * d + c);
           acc[0][h] = hn::MulAdd(qv, k0, acc[0][h]);
@@ -160,9 +161,10 @@ void Fp16Scores(size_t d, const float* HWY_RESTRICT q, const uint16_t* HWY_RESTR
 }
 
 // acc[h][c] += sum_t p[h][t] v[t][c] for H heads, a register block of H x 4 vectors of
-// channels at a time (d / N is a multiple of 4 for every head_dim and target).
+// channels at a time (d / N is a multiple of 4 for every head_dim and target). Value rows are
+// `stride` apart.
 template <int H>
-void Fp16Values(size_t d, const uint16_t* HWY_RESTRICT values, size_t tokens,
+void Fp16Values(size_t d, const uint16_t* HWY_RESTRICT values, size_t stride, size_t tokens,
                 const float* HWY_RESTRICT p, size_t p_stride, float* HWY_RESTRICT acc_h,
                 SpanPrefetcher& pf) {
   const DF df;
@@ -174,7 +176,7 @@ void Fp16Values(size_t d, const uint16_t* HWY_RESTRICT values, size_t tokens,
       for (size_t j = 0; j < kVecs; ++j) acc[h][j] = hn::LoadU(df, acc_h + h * d + c0 + j * N);
     }
     for (size_t t = 0; t < tokens; ++t) {
-      const uint16_t* v = values + t * d + c0;
+      const uint16_t* v = values + t * stride + c0;
       // The first pass fetches whole rows, ahead of it; the later passes find them in L2.
       if (c0 == 0) pf.Consumed(d * sizeof(uint16_t));
       VF vv[kVecs];
@@ -192,11 +194,13 @@ void Fp16Values(size_t d, const uint16_t* HWY_RESTRICT values, size_t tokens,
 
 // Folds fp16 tokens (storage frame) into the fp16 softmax state and its natural-order
 // accumulator.
-inline void AttendFp16(size_t d, int heads, const uint16_t* keys, const uint16_t* values,
-                       size_t tokens, float scale, AttendScratch& s, SoftmaxState& st,
-                       SpanPrefetcher& pf) {
+inline void AttendFp16(size_t d, int heads, const Fp16Run& run, float scale, AttendScratch& s,
+                       SoftmaxState& st, SpanPrefetcher& pf) {
   const DF df;
-  const size_t N = hn::Lanes(df), g = tokens;
+  const uint16_t* keys = run.keys;
+  const uint16_t* values = run.values;
+  const size_t N = hn::Lanes(df), tokens = static_cast<size_t>(run.tokens), g = tokens;
+  const size_t stride = run.RowStride(static_cast<int>(d));
   float* HWY_RESTRICT scores = s.scores.get();  // [H][tokens]
   const float* HWY_RESTRICT queries = s.q.get();
   float* HWY_RESTRICT acc_h = s.acc_h.get();
@@ -206,10 +210,18 @@ inline void AttendFp16(size_t d, int heads, const uint16_t* keys, const uint16_t
     const float* q_h = queries + h0 * d;
     float* sc_h = scores + h0 * g;
     switch (std::min(kMaxHeadBlock, heads - h0)) {
-      case 1: Fp16Scores<1>(d, q_h, keys, tokens, scale, sc_h, pf_h); break;
-      case 2: Fp16Scores<2>(d, q_h, keys, tokens, scale, sc_h, pf_h); break;
-      case 3: Fp16Scores<3>(d, q_h, keys, tokens, scale, sc_h, pf_h); break;
-      default: Fp16Scores<4>(d, q_h, keys, tokens, scale, sc_h, pf_h); break;
+      case 1:
+        Fp16Scores<1>(d, q_h, keys, stride, tokens, scale, sc_h, pf_h);
+        break;
+      case 2:
+        Fp16Scores<2>(d, q_h, keys, stride, tokens, scale, sc_h, pf_h);
+        break;
+      case 3:
+        Fp16Scores<3>(d, q_h, keys, stride, tokens, scale, sc_h, pf_h);
+        break;
+      default:
+        Fp16Scores<4>(d, q_h, keys, stride, tokens, scale, sc_h, pf_h);
+        break;
     }
   }
   for (int h = 0; h < heads; ++h) {
@@ -241,10 +253,18 @@ inline void AttendFp16(size_t d, int heads, const uint16_t* keys, const uint16_t
     const float* p = scores + h0 * g;
     SpanPrefetcher& pf_h = h0 == 0 ? pf : idle;
     switch (std::min(kMaxHeadBlock, heads - h0)) {
-      case 1: Fp16Values<1>(d, values, tokens, p, g, acc, pf_h); break;
-      case 2: Fp16Values<2>(d, values, tokens, p, g, acc, pf_h); break;
-      case 3: Fp16Values<3>(d, values, tokens, p, g, acc, pf_h); break;
-      default: Fp16Values<4>(d, values, tokens, p, g, acc, pf_h); break;
+      case 1:
+        Fp16Values<1>(d, values, stride, tokens, p, g, acc, pf_h);
+        break;
+      case 2:
+        Fp16Values<2>(d, values, stride, tokens, p, g, acc, pf_h);
+        break;
+      case 3:
+        Fp16Values<3>(d, values, stride, tokens, p, g, acc, pf_h);
+        break;
+      default:
+        Fp16Values<4>(d, values, stride, tokens, p, g, acc, pf_h);
+        break;
     }
   }
 }

@@ -67,19 +67,16 @@ CodecStatus StoreTokensImpl(const Preset& preset, const BlockLayout& layout, uin
           }
           if (preset.rotates()) FwhtRows(row, 1, d);
           const size_t off = which == 0 ? layout.Fp16KeysOffset(l, h) : layout.Fp16ValuesOffset(l, h);
-          auto* dst = reinterpret_cast<uint16_t*>(slot + off) + static_cast<size_t>(first + t) * d;
-          // Streamed past the caches: the tail's rows for one token are 4,096-odd lines on
-          // as many pages, written once and read back only by the commit's scan and the seal.
-          if (reinterpret_cast<uintptr_t>(dst) % (N * sizeof(uint16_t)) == 0) {
-            for (size_t c = 0; c < d; c += N) StreamHalf(hn::Load(df, row + c), dst + c);
-          } else {
-            for (size_t c = 0; c < d; c += N) StoreHalf(hn::Load(df, row + c), dst + c);
-          }
+          // Plain stores: the commit's scan reads the token's run (contiguous, token-major)
+          // right after, from the caches (docs/commit_ring.md: non-temporal stores left it
+          // to read from memory, 92-97 us for a 64-sequence step against 23-41 us).
+          auto* dst = reinterpret_cast<uint16_t*>(
+              slot + off + static_cast<size_t>(first + t) * layout.fp16_token_bytes());
+          for (size_t c = 0; c < d; c += N) StoreHalf(hn::Load(df, row + c), dst + c);
         }
       }
     }
   }
-  hwy::FlushStream();
   return {};
 }
 
@@ -101,23 +98,6 @@ HWY_INLINE size_t FindNonFiniteHalfImpl(const uint16_t* HWY_RESTRICT x, size_t n
   return n;
 }
 
-size_t FindNonFiniteHalfStridedImpl(const uint16_t* HWY_RESTRICT x, size_t stride, size_t chunks, size_t len) {
-  // The chunks are runs on different pages (a tail's rows of one token), which the hardware
-  // prefetcher does not follow, and StoreTokens streamed them to memory: the first lines of
-  // the run kAhead chunks on are fetched while this one is scanned.
-  constexpr size_t kAhead = 8, kLines = 4;
-  const size_t ahead_bytes = std::min(len * sizeof(uint16_t), kLines * 64);
-  for (size_t c = 0; c < chunks; ++c) {
-    if (c + kAhead < chunks) {
-      const auto* next = reinterpret_cast<const uint8_t*>(x + (c + kAhead) * stride);
-      for (size_t b = 0; b < ahead_bytes; b += 64) hwy::Prefetch(next + b);
-    }
-    const size_t i = FindNonFiniteHalfImpl(x + c * stride, len);
-    if (i < len) return c * len + i;
-  }
-  return chunks * len;
-}
-
 }  // namespace HWY_NAMESPACE
 }  // namespace kvarn
 HWY_AFTER_NAMESPACE();
@@ -126,11 +106,6 @@ HWY_AFTER_NAMESPACE();
 namespace kvarn {
 HWY_EXPORT(StoreTokensImpl);
 HWY_EXPORT(FindNonFiniteHalfImpl);
-HWY_EXPORT(FindNonFiniteHalfStridedImpl);
-
-size_t FindNonFiniteHalfStrided(const uint16_t* x, size_t stride, size_t chunks, size_t len) {
-  return HWY_DYNAMIC_DISPATCH(FindNonFiniteHalfStridedImpl)(x, stride, chunks, len);
-}
 
 size_t FindNonFiniteHalf(const uint16_t* x, size_t n) {
   return HWY_DYNAMIC_DISPATCH(FindNonFiniteHalfImpl)(x, n);

@@ -95,7 +95,8 @@ CodecStatus ReferenceStoreTokens(const Preset& preset, const BlockLayout& layout
           for (size_t c = 0; c < d; ++c) row[c] = ValueAt(which == 0 ? keys : values, src + c, dtype);
           if (preset.rotates()) FwhtInPlace(row.data(), static_cast<int>(d));
           const size_t off = which == 0 ? layout.Fp16KeysOffset(l, h) : layout.Fp16ValuesOffset(l, h);
-          auto* dst = reinterpret_cast<uint16_t*>(slot + off) + static_cast<size_t>(first + t) * d;
+          auto* dst = reinterpret_cast<uint16_t*>(
+              slot + off + static_cast<size_t>(first + t) * layout.fp16_token_bytes());
           for (size_t c = 0; c < d; ++c) dst[c] = FloatToHalf(row[c]);
         }
       }

@@ -22,9 +22,6 @@ CodecStatus SimdStoreTokens(const Preset& preset, const BlockLayout& layout, uin
 // Index of the first NaN or Inf among n binary16 values, or n if all are finite (SIMD,
 // dispatched at run time). What the daemon checks committed tail tokens with.
 size_t FindNonFiniteHalf(const uint16_t* x, size_t n);
-// The same over `chunks` runs of `len` values, run c starting at x + c * stride: returns the
-// flat position c * len + i of the first NaN/Inf, or chunks * len if there is none.
-size_t FindNonFiniteHalfStrided(const uint16_t* x, size_t stride, size_t chunks, size_t len);
 
 }  // namespace kvarn
 

@@ -76,7 +76,7 @@ CodecStatus StoreFp16Part(const Codec& codec, const Preset& preset, const KvTens
   layout.head_dim = d;
   layout.tile_tokens = preset.tile_tokens;
   layout.record_bytes = preset.RecordBytes(d);
-  std::vector<uint8_t> slot(layout.fp16_slot_bytes());
+  std::vector<uint8_t> slot(layout.fp16_block_bytes());
   const CodecStatus s =
       codec.StoreTokens(preset, layout, slot.data(), 0, count, keys.Row(head, first),
                         values.Row(head, first), DType::kF32);
@@ -84,8 +84,13 @@ CodecStatus StoreFp16Part(const Codec& codec, const Preset& preset, const KvTens
     return CodecStatus(s.code(), preset.Name() + ": head " + std::to_string(head) + ", fp16 " +
                                      part + ": codec: " + s.message());
   }
-  std::memcpy(out->keys.data(), slot.data() + layout.Fp16KeysOffset(0, 0), n * 2);
-  std::memcpy(out->values.data(), slot.data() + layout.Fp16ValuesOffset(0, 0), n * 2);
+  for (int t = 0; t < count; ++t) {  // the block's rows are token-major: [K row][V row] a token
+    const size_t row = static_cast<size_t>(t) * layout.fp16_token_bytes();
+    std::memcpy(out->keys.data() + static_cast<size_t>(t) * d,
+                slot.data() + row + layout.Fp16KeysOffset(0, 0), d * 2);
+    std::memcpy(out->values.data() + static_cast<size_t>(t) * d,
+                slot.data() + row + layout.Fp16ValuesOffset(0, 0), d * 2);
+  }
   std::vector<float> row(d);
   for (int which = 0; which < 2; ++which) {
     const KvTensor& src = which == 0 ? keys : values;

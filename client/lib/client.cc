@@ -645,11 +645,12 @@ absl::Status Session::Attend(uint64_t seq, int layer, const float* queries, int 
     if (table->has_sink) {
       const uint8_t* sink = SinkBlock(table->sink_block);
       view.sink = {reinterpret_cast<const uint16_t*>(sink + layout_.Fp16KeysOffset(layer, h)),
-                   reinterpret_cast<const uint16_t*>(sink + layout_.Fp16ValuesOffset(layer, h)), layout_.tile_tokens};
+                   reinterpret_cast<const uint16_t*>(sink + layout_.Fp16ValuesOffset(layer, h)),
+                   layout_.tile_tokens, layout_.fp16_token_elems()};
     }
     view.tail = {reinterpret_cast<const uint16_t*>(tail + layout_.Fp16KeysOffset(layer, h)),
                  reinterpret_cast<const uint16_t*>(tail + layout_.Fp16ValuesOffset(layer, h)),
-                 static_cast<int>(table->tail_tokens)};
+                 static_cast<int>(table->tail_tokens), layout_.fp16_token_elems()};
     const CodecStatus s = Codec::Default().AttendDecode(preset_, layout_.head_dim, queries + h * group * d, group, view,
                                                         out + h * group * d, 0.0f,
                                                         lse == nullptr ? nullptr : lse + h * group);

@@ -262,10 +262,12 @@ absl::Status CudaDevicePool::Attend(const SequenceTable& table, int layer, const
   const size_t workspace = cuda::AttendWorkspaceBytes(layout_, 1, num_q_heads, splits);
 
   // The kernel reads sink and tail from one fp16 pool; they live in different slabs, so the
-  // layer's part of each is copied into a two-block scratch pool (block 0 sink, 1 tail).
-  const size_t fbb = layout_.fp16_block_bytes();
+  // layer's part of each is copied into a two-block scratch pool (block 0 sink, 1 tail): in
+  // every token's row (token-major blocks), the layer's K/V rows of all kv-heads.
+  const size_t fbb = layout_.fp16_block_bytes(), pitch = layout_.fp16_token_bytes();
   const size_t layer_off = layout_.Fp16KeysOffset(layer, 0);
-  const size_t layer_bytes = static_cast<size_t>(layout_.num_kv_heads) * layout_.fp16_slot_bytes();
+  const size_t layer_bytes =
+      static_cast<size_t>(layout_.num_kv_heads) * 2 * layout_.head_dim * sizeof(uint16_t);
   size_t off = 0;
   const size_t at_fp16 = off;
   off += Align(2 * fbb);
@@ -313,15 +315,16 @@ absl::Status CudaDevicePool::Attend(const SequenceTable& table, int layer, const
     if (enqueued.ok()) enqueued = CudaStatus(err, what);
   };
   if (table.has_sink) {
-    step(cudaMemcpyAsync(base + at_fp16 + layer_off,
-                         sink_ptr_ + static_cast<size_t>(table.sink_block) * fbb + layer_off, layer_bytes,
-                         cudaMemcpyDeviceToDevice, stream),
+    step(cudaMemcpy2DAsync(base + at_fp16 + layer_off, pitch,
+                           sink_ptr_ + static_cast<size_t>(table.sink_block) * fbb + layer_off,
+                           pitch, layer_bytes, static_cast<size_t>(g), cudaMemcpyDeviceToDevice,
+                           stream),
          "copying the sink tile");
   }
   if (table.tail_tokens > 0) {
-    step(cudaMemcpyAsync(base + at_fp16 + fbb + layer_off,
-                         tail_ptr_ + static_cast<size_t>(table.tail_slot) * fbb + layer_off, layer_bytes,
-                         cudaMemcpyDeviceToDevice, stream),
+    step(cudaMemcpy2DAsync(base + at_fp16 + fbb + layer_off, pitch,
+                           tail_ptr_ + static_cast<size_t>(table.tail_slot) * fbb + layer_off,
+                           pitch, layer_bytes, table.tail_tokens, cudaMemcpyDeviceToDevice, stream),
          "copying the tail tile");
   }
   step(cudaMemcpyAsync(base + at_seq, &seq, sizeof(seq), cudaMemcpyHostToDevice, stream), "uploading the sequence");

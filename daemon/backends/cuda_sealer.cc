@@ -206,13 +206,13 @@ absl::Status CudaSealer::Scan(Lane& lane, const uint8_t* slot, int first, int co
   const unsigned long long bad = lane.h_first_bad();
   if (bad == ~0ull) return absl::OkStatus();
   const unsigned long long d = static_cast<unsigned long long>(layout_.head_dim);
-  const unsigned long long n = static_cast<unsigned long long>(count);
-  const unsigned long long half = bad / d / n;
-  const int slot_index = static_cast<int>(half / 2);
+  const unsigned long long per_token = layout_.fp16_token_elems();
+  const unsigned long long row = (bad % per_token) / d;  // slot * 2 + which
+  const int slot_index = static_cast<int>(row / 2);
   return absl::InvalidArgumentError(absl::StrCat(
-      (half & 1) == 0 ? "keys" : "values", " of token ", first + static_cast<int>((bad / d) % n), " (layer ",
-      slot_index / layout_.num_kv_heads, ", kv-head ", slot_index % layout_.num_kv_heads, ", channel ", bad % d,
-      ") hold NaN or Inf"));
+      (row & 1) == 0 ? "keys" : "values", " of token ", first + static_cast<int>(bad / per_token),
+      " (layer ", slot_index / layout_.num_kv_heads, ", kv-head ",
+      slot_index % layout_.num_kv_heads, ", channel ", bad % d, ") hold NaN or Inf"));
 }
 
 absl::Status CudaSealer::CheckTokens(const uint8_t* slot, int first, int count) {
@@ -271,16 +271,13 @@ absl::Status CudaSealer::CopyTail(const uint8_t* src, uint8_t* dst, int tokens) 
   absl::StatusOr<LaneLease> lease = Acquire();
   if (!lease.ok()) return lease.status();
   Lane& lane = **lease;
-  // Keys then values of every (layer, head): one strided copy each, slot after slot.
-  const size_t pitch = layout_.fp16_slot_bytes();
-  const size_t width = static_cast<size_t>(tokens) * layout_.head_dim * sizeof(uint16_t);
-  for (const size_t offset : {size_t{0}, layout_.tile_elems() * sizeof(uint16_t)}) {
-    if (absl::Status s = CudaStatus(cudaMemcpy2DAsync(dst + offset, pitch, src + offset, pitch, width, layout_.slots(),
-                                                cudaMemcpyDeviceToDevice, lane.stream),
-                              "copying a tail");
-        !s.ok()) {
-      return s;
-    }
+  // The tokens' rows are the slot's first bytes (token-major): one copy.
+  if (absl::Status s = CudaStatus(
+          cudaMemcpyAsync(dst, src, static_cast<size_t>(tokens) * layout_.fp16_token_bytes(),
+                          cudaMemcpyDeviceToDevice, lane.stream),
+          "copying a tail");
+      !s.ok()) {
+    return s;
   }
   return lane.Sync();
 }
@@ -353,6 +350,24 @@ absl::Status CudaSealer::WriteTokens(uint8_t* slot, int first, int n, const void
   return absl::OkStatus();
 }
 
+absl::Status CudaSealer::FetchFp16Tile(Lane& lane, const uint8_t* block, int layer, int head,
+                                       uint8_t* out) {
+  const size_t row = static_cast<size_t>(layout_.head_dim) * sizeof(uint16_t);
+  for (int which = 0; which < 2; ++which) {
+    const size_t off =
+        which == 0 ? layout_.Fp16KeysOffset(layer, head) : layout_.Fp16ValuesOffset(layer, head);
+    if (absl::Status s =
+            CudaStatus(cudaMemcpy2DAsync(out + which * layout_.tile_elems() * sizeof(uint16_t), row,
+                                         block + off, layout_.fp16_token_bytes(), row,
+                                         layout_.tile_tokens, cudaMemcpyDeviceToHost, lane.stream),
+                       "reading an fp16 tile");
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaSealer::DecodeRecord(Lane& lane, const uint8_t* block, int layer, int head, Frame frame) {
   const size_t n = layout_.tile_elems();
   if (absl::Status s = lane.DeviceScratch(2 * n * sizeof(float)); !s.ok()) return s;
@@ -399,18 +414,11 @@ absl::Status CudaSealer::DecodeTile(const uint8_t* block, bool fp16, int layer, 
   }
   // An fp16 tile: fetch the bits and widen (and unrotate) on the host, as the CPU sealer does.
   if (absl::Status s = lane.HostScratch(2 * n * sizeof(uint16_t)); !s.ok()) return s;
-  for (int which = 0; which < 2; ++which) {
-    const size_t off = which == 0 ? layout_.Fp16KeysOffset(layer, head) : layout_.Fp16ValuesOffset(layer, head);
-    if (absl::Status s = CudaStatus(cudaMemcpyAsync(lane.h_scratch + which * n * sizeof(uint16_t), block + off,
-                                              n * sizeof(uint16_t), cudaMemcpyDeviceToHost, lane.stream),
-                              "reading an fp16 tile");
-        !s.ok()) {
-      return s;
-    }
-  }
+  if (absl::Status s = FetchFp16Tile(lane, block, layer, head, lane.h_scratch); !s.ok()) return s;
   if (absl::Status s = lane.Sync(); !s.ok()) return s;
   const auto* k = reinterpret_cast<const uint16_t*>(lane.h_scratch);
-  return FromCodec(Codec::Default().DecodeFp16Tile(preset_, layout_.head_dim, k, k + n, layout_.tile_tokens,
+  return FromCodec(Codec::Default().DecodeFp16Tile(preset_, layout_.head_dim,
+                                                   Fp16Run{k, k + n, layout_.tile_tokens},
                                                    {keys, values, DType::kF32, Frame::kOriginal}));
 }
 
@@ -425,16 +433,11 @@ double CudaSealer::SampleError(const uint8_t* slot, const uint8_t* block, int la
   if (!DecodeRecord(lane, block, layer, head, Frame::kStorage).ok()) return -1.0;
   const size_t f32 = 2 * n * sizeof(float);
   if (!lane.HostScratch(f32 + 2 * n * sizeof(uint16_t)).ok()) return -1.0;
-  if (!CudaStatus(cudaMemcpyAsync(lane.h_scratch, lane.d_scratch, f32, cudaMemcpyDeviceToHost, lane.stream), "").ok() ||
-      !CudaStatus(cudaMemcpyAsync(lane.h_scratch + f32, slot + layout_.Fp16KeysOffset(layer, head), n * sizeof(uint16_t),
-                            cudaMemcpyDeviceToHost, lane.stream),
-            "")
+  if (!CudaStatus(cudaMemcpyAsync(lane.h_scratch, lane.d_scratch, f32, cudaMemcpyDeviceToHost,
+                                  lane.stream),
+                  "")
            .ok() ||
-      !CudaStatus(cudaMemcpyAsync(lane.h_scratch + f32 + n * sizeof(uint16_t), slot + layout_.Fp16ValuesOffset(layer, head),
-                            n * sizeof(uint16_t), cudaMemcpyDeviceToHost, lane.stream),
-            "")
-           .ok() ||
-      !lane.Sync().ok()) {
+      !FetchFp16Tile(lane, slot, layer, head, lane.h_scratch + f32).ok() || !lane.Sync().ok()) {
     return -1.0;
   }
   const auto* k = reinterpret_cast<const float*>(lane.h_scratch);

@@ -76,6 +76,9 @@ class CudaSealer final : public Sealer {
   // Decodes the (layer, head) record of a quantized block into the lane's device scratch
   // (keys then values, [G][D] f32 each) in `frame`, and checks its status.
   absl::Status DecodeRecord(Lane& lane, const uint8_t* block, int layer, int head, Frame frame);
+  // Enqueues the copy of (layer, head)'s fp16 keys then values, [G][D] each, from a token-major
+  // device block to host memory `out` (2 * tile_elems binary16).
+  absl::Status FetchFp16Tile(Lane& lane, const uint8_t* block, int layer, int head, uint8_t* out);
 
   const Preset preset_;
   const BlockLayout layout_;

@@ -3,19 +3,12 @@
 namespace kvarn {
 namespace {
 
-__global__ void NonFiniteScanKernel(const uint8_t* slot, size_t slot_bytes, size_t values_offset,
-                                    int first, unsigned long long count, unsigned long long d,
-                                    unsigned long long total, unsigned long long* first_bad) {
+__global__ void NonFiniteScanKernel(const uint16_t* rows, unsigned long long total,
+                                    unsigned long long* first_bad) {
   const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
   for (unsigned long long i = static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x;
        i < total; i += stride) {
-    const unsigned long long c = i % d;
-    const unsigned long long row = i / d;
-    const unsigned long long t = row % count;
-    const unsigned long long half = row / count;  // slot * 2 + which
-    const uint8_t* base = slot + (half >> 1) * slot_bytes + (half & 1) * values_offset;
-    const uint16_t x = reinterpret_cast<const uint16_t*>(base)[(first + t) * d + c];
-    if ((x & 0x7C00u) == 0x7C00u) atomicMin(first_bad, i);
+    if ((rows[i] & 0x7C00u) == 0x7C00u) atomicMin(first_bad, i);
   }
 }
 
@@ -29,9 +22,9 @@ cudaError_t LaunchNonFiniteScan(const uint8_t* slot, const BlockLayout& layout, 
   const unsigned long long want = (total + kThreads - 1) / kThreads;
   const int blocks = static_cast<int>(want < 2048 ? want : 2048);
   NonFiniteScanKernel<<<blocks, kThreads, 0, stream>>>(
-      slot, layout.fp16_slot_bytes(), layout.tile_elems() * sizeof(uint16_t), first,
-      static_cast<unsigned long long>(count), static_cast<unsigned long long>(layout.head_dim), total,
-      first_bad);
+      reinterpret_cast<const uint16_t*>(slot +
+                                        static_cast<size_t>(first) * layout.fp16_token_bytes()),
+      total, first_bad);
   return cudaGetLastError();
 }
 

@@ -11,13 +11,12 @@
 
 namespace kvarn {
 
-// Elements the scan of `count` tokens covers: slots x {keys, values} x count x head_dim.
-// Element i, in this order (the order of CpuSealer::CheckTokens' loops), is
-//   channel  i % D,  token first + (i / D) % count,  keys/values (i / (D * count)) % 2,
-//   slot (layer-major)  i / (2 * D * count).
+// Elements the scan of `count` tokens covers: their rows of the token-major slot, in memory
+// order (the order of CpuSealer::CheckTokens): element i is token first + i / T (T =
+// fp16_token_elems()), and in its row the (layer-major) slot's key (even) or value (odd) row
+// (i % T) / D, channel i % D.
 inline uint64_t ScanElements(const BlockLayout& layout, int count) {
-  return static_cast<uint64_t>(layout.slots()) * 2u * static_cast<uint64_t>(count) *
-         static_cast<uint64_t>(layout.head_dim);
+  return static_cast<uint64_t>(count) * layout.fp16_token_elems();
 }
 
 // Enqueues on `stream`: *first_bad = min(*first_bad, index of every element among tokens

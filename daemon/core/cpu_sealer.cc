@@ -16,19 +16,39 @@ CpuSealer::CpuSealer(const Preset& preset, const BlockLayout& layout, int seal_t
     : preset_(preset), layout_(layout), pool_(std::make_unique<ParallelFor>(seal_threads)) {}
 
 absl::Status CpuSealer::CheckTokens(const uint8_t* slot, int first, int count) {
-  // Keys and values of every (layer, head) are 2 * slots equal runs of the slot, tile_elems
-  // apart: one scan covers the token range in all of them.
-  const size_t d = static_cast<size_t>(layout_.head_dim), len = static_cast<size_t>(count) * d;
-  const size_t chunks = 2 * layout_.slots();
-  const auto* base = reinterpret_cast<const uint16_t*>(slot) + static_cast<size_t>(first) * d;
-  const size_t bad = FindNonFiniteHalfStrided(base, layout_.tile_elems(), chunks, len);
-  if (bad == chunks * len) return absl::OkStatus();
-  const size_t chunk = bad / len, i = bad % len, s = chunk / 2;
-  return absl::InvalidArgumentError(absl::StrCat(chunk % 2 == 0 ? "keys" : "values", " of token ",
-                                                 first + static_cast<int>(i / d), " (layer ", s / layout_.num_kv_heads,
-                                                 ", kv-head ", s % layout_.num_kv_heads, ", channel ", i % d,
-                                                 ") hold NaN or Inf"));
+  // The tokens' rows are one run of the slot (token-major): one scan covers them.
+  const size_t d = static_cast<size_t>(layout_.head_dim), per_token = layout_.fp16_token_elems();
+  const size_t len = static_cast<size_t>(count) * per_token;
+  const auto* base =
+      reinterpret_cast<const uint16_t*>(slot) + static_cast<size_t>(first) * per_token;
+  const size_t bad = FindNonFiniteHalf(base, len);
+  if (bad == len) return absl::OkStatus();
+  const size_t token = bad / per_token, row = (bad % per_token) / d, s = row / 2;
+  return absl::InvalidArgumentError(
+      absl::StrCat(row % 2 == 0 ? "keys" : "values", " of token ", first + static_cast<int>(token),
+                   " (layer ", s / layout_.num_kv_heads, ", kv-head ", s % layout_.num_kv_heads,
+                   ", channel ", bad % d, ") hold NaN or Inf"));
 }
+
+namespace {
+
+// The [G][D] keys then values of one (layer, head) of an fp16 block, whose rows are a token
+// apart, gathered into `out` (2 * tile_elems values): the codec's tile input.
+void GatherTile(const BlockLayout& layout, const uint8_t* block, int layer, int head,
+                uint16_t* out) {
+  const size_t row = static_cast<size_t>(layout.head_dim) * sizeof(uint16_t);
+  for (int which = 0; which < 2; ++which) {
+    const uint8_t* src = block + (which == 0 ? layout.Fp16KeysOffset(layer, head)
+                                             : layout.Fp16ValuesOffset(layer, head));
+    auto* dst = reinterpret_cast<uint8_t*>(out + which * layout.tile_elems());
+    for (int t = 0; t < layout.tile_tokens; ++t) {
+      std::memcpy(dst + static_cast<size_t>(t) * row,
+                  src + static_cast<size_t>(t) * layout.fp16_token_bytes(), row);
+    }
+  }
+}
+
+}  // namespace
 
 absl::Status CpuSealer::SealQuantized(const uint8_t* slot, uint8_t* block) {
   std::mutex mu;
@@ -36,8 +56,10 @@ absl::Status CpuSealer::SealQuantized(const uint8_t* slot, uint8_t* block) {
   const Codec& codec = Codec::Default();
   pool_->Run(layout_.slots(), [&](size_t i) {
     const int l = static_cast<int>(i / layout_.num_kv_heads), h = static_cast<int>(i % layout_.num_kv_heads);
-    TileIn in{slot + layout_.Fp16KeysOffset(l, h), slot + layout_.Fp16ValuesOffset(l, h), DType::kF16,
-              Frame::kStorage};
+    thread_local std::vector<uint16_t> tile;
+    tile.resize(2 * layout_.tile_elems());
+    GatherTile(layout_, slot, l, h, tile.data());
+    TileIn in{tile.data(), tile.data() + layout_.tile_elems(), DType::kF16, Frame::kStorage};
     const CodecStatus s = codec.EncodeTile(preset_, layout_.head_dim, in,
                                            {block + layout_.RecordOffset(l, h), layout_.record_bytes});
     if (!s.ok()) {
@@ -51,18 +73,12 @@ absl::Status CpuSealer::SealQuantized(const uint8_t* slot, uint8_t* block) {
 }
 
 absl::Status CpuSealer::SealSink(const uint8_t* slot, uint8_t* block) {
-  std::memcpy(block, slot, layout_.fp16_slot_bytes() * layout_.slots());
+  std::memcpy(block, slot, layout_.fp16_block_bytes());
   return CheckTokens(block, 0, layout_.tile_tokens);
 }
 
 absl::Status CpuSealer::CopyTail(const uint8_t* src, uint8_t* dst, int tokens) {
-  const size_t bytes = static_cast<size_t>(tokens) * layout_.head_dim * sizeof(uint16_t);
-  for (int l = 0; l < layout_.num_layers; ++l) {
-    for (int h = 0; h < layout_.num_kv_heads; ++h) {
-      std::memcpy(dst + layout_.Fp16KeysOffset(l, h), src + layout_.Fp16KeysOffset(l, h), bytes);
-      std::memcpy(dst + layout_.Fp16ValuesOffset(l, h), src + layout_.Fp16ValuesOffset(l, h), bytes);
-    }
-  }
+  std::memcpy(dst, src, static_cast<size_t>(tokens) * layout_.fp16_token_bytes());  // token-major
   return absl::OkStatus();
 }
 
@@ -88,10 +104,12 @@ absl::Status CpuSealer::DecodeTile(const uint8_t* block, bool fp16, int layer, i
         preset_, layout_.head_dim, {block + layout_.RecordOffset(layer, head), layout_.record_bytes},
         {keys, values, DType::kF32, Frame::kOriginal}));
   }
-  return FromCodec(Codec::Default().DecodeFp16Tile(
-      preset_, layout_.head_dim, reinterpret_cast<const uint16_t*>(block + layout_.Fp16KeysOffset(layer, head)),
-      reinterpret_cast<const uint16_t*>(block + layout_.Fp16ValuesOffset(layer, head)), layout_.tile_tokens,
-      {keys, values, DType::kF32, Frame::kOriginal}));
+  const Fp16Run run{
+      reinterpret_cast<const uint16_t*>(block + layout_.Fp16KeysOffset(layer, head)),
+      reinterpret_cast<const uint16_t*>(block + layout_.Fp16ValuesOffset(layer, head)),
+      layout_.tile_tokens, layout_.fp16_token_elems()};
+  return FromCodec(Codec::Default().DecodeFp16Tile(preset_, layout_.head_dim, run,
+                                                   {keys, values, DType::kF32, Frame::kOriginal}));
 }
 
 double CpuSealer::SampleError(const uint8_t* slot, const uint8_t* block, int layer, int head) {
@@ -101,8 +119,10 @@ double CpuSealer::SampleError(const uint8_t* slot, const uint8_t* block, int lay
       preset_, layout_.head_dim, {block + layout_.RecordOffset(layer, head), layout_.record_bytes},
       {k.data(), v.data(), DType::kF32, Frame::kStorage});
   if (!s.ok()) return -1.0;
-  const auto* ks = reinterpret_cast<const uint16_t*>(slot + layout_.Fp16KeysOffset(layer, head));
-  const auto* vs = reinterpret_cast<const uint16_t*>(slot + layout_.Fp16ValuesOffset(layer, head));
+  std::vector<uint16_t> tile(2 * n);
+  GatherTile(layout_, slot, layer, head, tile.data());
+  const uint16_t* ks = tile.data();
+  const uint16_t* vs = ks + n;
   double num = 0, den = 0;
   for (size_t i = 0; i < n; ++i) {
     const double ek = k[i] - HalfToFloat(ks[i]), ev = v[i] - HalfToFloat(vs[i]);

@@ -275,10 +275,12 @@ KVARN_DEV_FORCEINLINE void QuantTile(const Ctx& ctx, const AttendParams& p, cons
   ctx.Sync();
 }
 
-// `tokens` fp16 tokens, keys and values [tokens][D] binary16 in global memory.
+// `tokens` fp16 tokens, keys and values binary16 in global memory, rows of D `stride`
+// elements apart (a pool block's fp16_token_elems(); D for a record).
 template <int HC, class Ctx>
 KVARN_DEV_FORCEINLINE void Fp16Run(const Ctx& ctx, const AttendParams& p, const Smem<HC>& s,
-                                   const uint16_t* keys, const uint16_t* values, int tokens) {
+                                   const uint16_t* keys, const uint16_t* values, int tokens,
+                                   size_t stride) {
   const int g = p.layout.tile_tokens, d = p.layout.head_dim, tc = p.plan.tc;
   const int nt = ctx.nthreads(), tid = ctx.tid();
   int dshift = 0;
@@ -294,7 +296,7 @@ KVARN_DEV_FORCEINLINE void Fp16Run(const Ctx& ctx, const AttendParams& p, const 
     const int n = tokens - t0 < tc ? tokens - t0 : tc;
     for (int e = tid; e < tc * d; e += nt) {
       const int t = e >> dshift, c = e & (d - 1);
-      const size_t i = (static_cast<size_t>(t0 + t) << dshift) + c;
+      const size_t i = static_cast<size_t>(t0 + t) * stride + c;
       kt[c * (tc + 1) + t] = t < n ? H2F(keys[i]) : 0.0f;
       vs[e] = t < n ? H2F(values[i]) : 0.0f;
     }
@@ -384,7 +386,8 @@ KVARN_DEV void AttendBlock(const Ctx& ctx, const AttendParams& p, int split, int
       const uint8_t* blk = p.fp16_pool + static_cast<size_t>(id) * p.fp16_block_bytes;
       attend_detail::Fp16Run<HC>(ctx, p, s, reinterpret_cast<const uint16_t*>(blk + k_off),
                                  reinterpret_cast<const uint16_t*>(blk + v_off),
-                                 is_sink ? seqd.sink_tokens : seqd.tail_tokens);
+                                 is_sink ? seqd.sink_tokens : seqd.tail_tokens,
+                                 p.layout.fp16_token_elems());
       continue;
     }
     const int32_t id = p.tile_ids[seqd.first_tile + u - static_cast<int>(has_sink)];
@@ -397,7 +400,8 @@ KVARN_DEV void AttendBlock(const Ctx& ctx, const AttendParams& p, int split, int
       attend_detail::QuantTile<HC>(ctx, p, s, rec);
     } else {
       const uint16_t* k = reinterpret_cast<const uint16_t*>(rec);
-      attend_detail::Fp16Run<HC>(ctx, p, s, k, k + static_cast<size_t>(g) * d, g);
+      attend_detail::Fp16Run<HC>(ctx, p, s, k, k + static_cast<size_t>(g) * d, g,
+                                 static_cast<size_t>(d));
     }
   }
 

@@ -181,7 +181,7 @@ KVARN_DEV void StoreWork(const Ctx& ctx, const StoreParams& p, int work, unsigne
     if (tid == 0 && p.status != nullptr) ctx.AtomicOr(&p.status[token], kStoreOverflow);
     return;
   }
-  const size_t row = static_cast<size_t>(p.token_offset + token) * d;
+  const size_t row = static_cast<size_t>(p.token_offset + token) * p.layout.fp16_token_elems();
   uint16_t* k = p.dst + p.layout.Fp16KeysOffset(layer, head) / sizeof(uint16_t) + row;
   uint16_t* v = p.dst + p.layout.Fp16ValuesOffset(layer, head) / sizeof(uint16_t) + row;
   for (int e = tid; e < d; e += nt) {

@@ -77,9 +77,10 @@ KVARN_HD inline EncodePlan PlanEncode(int g, int d, int threads, size_t max_smem
 }
 
 struct EncodeParams {
-  // Tile of slot s: src[0] (keys) and src[1] (values) + s * slot_stride elements, [G][D].
+  // Tile of slot s: src[0] (keys) and src[1] (values) + s * slot_stride elements, G rows of
+  // D, row t at t * row_stride.
   const void* src[2] = {nullptr, nullptr};
-  size_t slot_stride = 0;
+  size_t slot_stride = 0, row_stride = 0;
   int src_f16 = 0;         // elements are binary16 (else fp32)
   int rotate = 0;          // multiply every token vector by H on load (original-frame input)
   uint8_t* dst = nullptr;  // record of slot s at dst + s * record_bytes
@@ -254,8 +255,10 @@ KVARN_DEV void EncodeWork(const Ctx& ctx, const EncodeParams& p, int work, unsig
     const size_t base = static_cast<size_t>(slot) * p.slot_stride;
     int bad = 0;
     for (int e = tid; e < n; e += nt) {
-      const float x = p.src_f16 ? H2F(static_cast<const uint16_t*>(p.src[m])[base + e])
-                                : static_cast<const float*>(p.src[m])[base + e];
+      const size_t at =
+          base + static_cast<size_t>(e >> dshift) * p.row_stride + static_cast<size_t>(e & (d - 1));
+      const float x = p.src_f16 ? H2F(static_cast<const uint16_t*>(p.src[m])[at])
+                                : static_cast<const float*>(p.src[m])[at];
       bad |= !(fabsf(x) <= 65504.0f);
       tile[e] = x;
     }

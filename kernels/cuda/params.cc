@@ -61,8 +61,12 @@ CodecStatus BuildEncode(const Preset& preset, const BlockLayout& layout, const T
                         const DeviceLimits& limits, EncodeLaunch* out) {
   KVARN_RETURN_IF_ERROR(CheckLayout(preset, layout));
   KVARN_RETURN_IF_ERROR(CheckBuffers(in.keys, in.values, in.dtype, quant_block, "encode"));
-  const size_t n = layout.tile_elems();
-  if (in.slot_stride < n) return InvalidArgument("slot_stride is smaller than one tile");
+  const size_t n = layout.tile_elems(), d = static_cast<size_t>(layout.head_dim);
+  const size_t row_stride = in.row_stride != 0 ? in.row_stride : d;
+  if (row_stride < d) return InvalidArgument("row_stride is smaller than head_dim");
+  // Contiguous tiles follow each other; tiles of interleaved rows share each token's row.
+  if (in.slot_stride < (row_stride == d ? n : d))
+    return InvalidArgument("slot_stride makes the slots' tiles overlap");
   if (iterations < 0 || iterations > EncodeOptions::kMaxIterations) {
     return InvalidArgument("iterations must be in 0.." +
                            std::to_string(EncodeOptions::kMaxIterations));
@@ -72,6 +76,7 @@ CodecStatus BuildEncode(const Preset& preset, const BlockLayout& layout, const T
   p.src[0] = in.keys;
   p.src[1] = in.values;
   p.slot_stride = in.slot_stride;
+  p.row_stride = row_stride;
   p.src_f16 = in.dtype == DType::kF16;
   p.rotate = preset.rotates() && in.frame == Frame::kOriginal;
   p.dst = quant_block;

@@ -20,14 +20,23 @@ struct DeviceLimits {
 };
 
 // K/V tiles to encode, one per slot (layer-major (layer, kv-head) pair) of a block: the tile
-// of slot s is keys/values + s * slot_stride elements, [G][D] token-major. Fp16BlockSource()
-// describes an fp16 pool block (storage frame, binary16).
+// of slot s starts at keys/values + s * slot_stride elements, G rows of D, row t at
+// t * row_stride (0: D, [G][D] contiguous). Fp16BlockSource() describes an fp16 pool block
+// (storage frame, binary16, token-major: slot_stride 2D, row_stride fp16_token_elems()).
 struct TileSource {
   const void* keys = nullptr;
   const void* values = nullptr;
   size_t slot_stride = 0;  // elements
   DType dtype = DType::kF16;
   Frame frame = Frame::kStorage;
+  size_t row_stride = 0;  // elements; 0: D
+
+  // Elements from keys (or values) to the end of the last slot's last row.
+  size_t Extent(const BlockLayout& layout) const {
+    const size_t d = static_cast<size_t>(layout.head_dim);
+    return (layout.slots() - 1) * slot_stride +
+           static_cast<size_t>(layout.tile_tokens - 1) * (row_stride != 0 ? row_stride : d) + d;
+  }
 };
 
 // Where decoded tiles go: same shape conventions as TileSource.
@@ -75,8 +84,9 @@ struct AttendArgs {
 inline TileSource Fp16BlockSource(const BlockLayout& layout, const uint16_t* block) {
   TileSource s;
   s.keys = block;
-  s.values = block + layout.tile_elems();
-  s.slot_stride = layout.fp16_slot_bytes() / sizeof(uint16_t);
+  s.values = block + layout.head_dim;
+  s.slot_stride = 2 * static_cast<size_t>(layout.head_dim);
+  s.row_stride = layout.fp16_token_elems();
   s.dtype = DType::kF16;
   s.frame = Frame::kStorage;
   return s;

@@ -36,11 +36,11 @@ absl::Status DequantizeInPlace(const Session& s, uint64_t seq, const SequenceTab
     }
   };
   const auto fp16 = [&](const uint8_t* block, int h, int tokens) {
+    const Fp16Run run{reinterpret_cast<const uint16_t*>(block + l.Fp16KeysOffset(layer, h)),
+                      reinterpret_cast<const uint16_t*>(block + l.Fp16ValuesOffset(layer, h)),
+                      tokens, l.fp16_token_elems()};
     const CodecStatus c = Codec::Default().DecodeFp16Tile(
-        s.preset(), l.head_dim,
-        reinterpret_cast<const uint16_t*>(block + l.Fp16KeysOffset(layer, h)),
-        reinterpret_cast<const uint16_t*>(block + l.Fp16ValuesOffset(layer, h)), tokens,
-        TileOut{tk.data(), tv.data(), DType::kF32, Frame::kOriginal});
+        s.preset(), l.head_dim, run, TileOut{tk.data(), tv.data(), DType::kF32, Frame::kOriginal});
     return c.ok() ? absl::OkStatus()
                   : absl::Status(static_cast<absl::StatusCode>(c.code()), c.message());
   };

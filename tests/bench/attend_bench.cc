@@ -5,7 +5,9 @@
 // Workload: kvarn_k4v2_g128, D = 128, 8 kv-heads x 4 query heads (GQA 4), sequences of
 // 4K, 32K and 128K tokens: a 128-token fp16 sink, 31 / 255 / 1023 quantized tiles and a
 // 64-token fp16 tail (4,160 / 32,832 / 131,136 tokens). Every kv-head's records lie back to
-// back in their own buffer. The codec's cost does not depend on the values, so the records
+// back in their own buffer; sink and tail are laid out as a pool's fp16 blocks of this
+// one-layer model (token-major: a token's key and value rows of all kv-heads together, so a
+// kv-head's rows are 4 KiB apart). The codec's cost does not depend on the values, so the records
 // repeat 64 distinct encoded tiles (every record still has its own memory).
 //
 // One step = AttendDecode for all 8 kv-heads. Before every timed step each worker streams its
@@ -186,21 +188,26 @@ double StreamReadOnce(Workers& workers) {
   return static_cast<double>(kReadBytes) / s;
 }
 
+// Elements of one token in a pool's fp16 block of this one-layer model (BlockLayout: token-major,
+// a key row then a value row per kv-head).
+constexpr size_t kFp16TokenElems = 2 * static_cast<size_t>(kKvHeads) * kHeadDim;
+
 struct Head {
-  std::vector<uint16_t> sink_k, sink_v, tail_k, tail_v;  // storage frame, fp16 bits
+  Fp16Run sink, tail;  // this kv-head's rows of the workload's fp16 blocks
   std::vector<uint8_t> records;
   std::vector<const uint8_t*> tiles;
   SequenceView View() const {
     SequenceView s;
-    s.sink = {sink_k.data(), sink_v.data(), kSinkTokens};
+    s.sink = sink;
     s.tiles = tiles;
-    s.tail = {tail_k.data(), tail_v.data(), kTailTokens};
+    s.tail = tail;
     return s;
   }
 };
 
 struct Workload {
   int tiles = 0;
+  std::vector<uint16_t> sink_block, tail_block;  // storage frame, fp16 bits, as in the pool
   std::vector<Head> heads;
   std::vector<float> queries;  // [kv_head][kHeadsPerKv][D]
   size_t Tokens() const { return kSinkTokens + static_cast<size_t>(tiles) * kG + kTailTokens; }
@@ -238,12 +245,15 @@ Workload MakeWorkload(const Preset& p, const std::vector<uint8_t>& unique, int t
   w.tiles = tiles;
   const size_t rb = p.RecordBytes(kHeadDim), fp16 = static_cast<size_t>(kHeadDim);
   ctl::Rng rng(100 + tiles);
+  w.sink_block = RandomHalves(kSinkTokens * kFp16TokenElems, rng);
+  w.tail_block = RandomHalves(kTailTokens * kFp16TokenElems, rng);
   for (int h = 0; h < kKvHeads; ++h) {
     Head head;
-    head.sink_k = RandomHalves(kSinkTokens * fp16, rng);
-    head.sink_v = RandomHalves(kSinkTokens * fp16, rng);
-    head.tail_k = RandomHalves(kTailTokens * fp16, rng);
-    head.tail_v = RandomHalves(kTailTokens * fp16, rng);
+    const size_t k = static_cast<size_t>(h) * 2 * fp16;
+    head.sink = {w.sink_block.data() + k, w.sink_block.data() + k + fp16, kSinkTokens,
+                 kFp16TokenElems};
+    head.tail = {w.tail_block.data() + k, w.tail_block.data() + k + fp16, kTailTokens,
+                 kFp16TokenElems};
     head.records.resize(static_cast<size_t>(tiles) * rb);
     for (int i = 0; i < tiles; ++i) {
       std::memcpy(head.records.data() + i * rb, unique.data() + ((i + 5 * h) % kUniqueTiles) * rb,

@@ -334,7 +334,7 @@ int Main(int argc, char** argv) {
     // check). The same scan here, right after each Stage, over what it staged (then the ring
     // commits it, untimed): the part of a ring commit set by the tail's layout, the memory and
     // where the Stage left the bytes, not by the ring.
-    const size_t d = static_cast<size_t>(L.head_dim), runs = 2 * L.slots();
+    const size_t per_token = L.fp16_token_elems();
     std::vector<double> scan_us;
     size_t clean = 0;
     const auto scan_then_commit = [&](uint32_t tok) {
@@ -342,15 +342,17 @@ int Main(int argc, char** argv) {
       for (uint64_t q : batch) {
         auto slot = s.TailSlot(q);
         if (!slot.ok() || slot->second < 1) continue;
-        const auto* row = reinterpret_cast<const uint16_t*>(slot->first) + static_cast<size_t>(slot->second - 1) * d;
-        clean += FindNonFiniteHalfStrided(row, L.tile_elems(), runs, d) == runs * d;
+        const auto* row = reinterpret_cast<const uint16_t*>(slot->first) +
+                          static_cast<size_t>(slot->second - 1) * per_token;
+        clean += FindNonFiniteHalf(row, per_token) == per_token;
       }
       scan_us.push_back(Seconds(t0, Clock::now()) * 1e6);
       return ring_commit(tok);
     };
     run_steps(steps, scan_then_commit, NoPublish{});
     const Percentiles sc = Summarize(scan_us);
-    Report(Fmt("  its %.0f KiB scanned here, after Stage", static_cast<double>(batch.size() * runs * d * 2) / 1024),
+    Report(Fmt("  its %.0f KiB scanned here, after Stage",
+               static_cast<double>(batch.size() * per_token * 2) / 1024),
            Fmt("p50 %.1f us", sc.p50), Fmt("p99 %.1f us", sc.p99),
            Fmt("%.0f%% of the ring commit p50", 100 * sc.p50 / rc.p50) +
                (clean == scan_us.size() * batch.size() ? "" : " (found NaN/Inf: bench bug)"));

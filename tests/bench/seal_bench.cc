@@ -104,7 +104,7 @@ int Main(int argc, char** argv) {
   layout.head_dim = 128;
   layout.tile_tokens = preset.tile_tokens;
   layout.record_bytes = preset.RecordBytes(layout.head_dim);
-  const size_t slot_bytes = layout.fp16_slot_bytes() * layout.slots();
+  const size_t slot_bytes = layout.fp16_block_bytes();
   const size_t slots = std::max<size_t>(1, (f.mib << 20) / slot_bytes);
   std::vector<uint8_t> input(slots * slot_bytes), output(slots * layout.quant_block_bytes());
   for (size_t s = 0; s < slots; ++s) FillSlot(input.data() + s * slot_bytes, slot_bytes, s);

@@ -142,8 +142,8 @@ void BenchEncodeDecode(cudaStream_t stream, const char* preset_name, int layers,
   Report(Fmt("encode %s D=%d (%dx%d slots)", preset_name, d, layers, heads), enc_bytes, enc, 0.40,
          Fmt("%.1f us per block, %.2f M tiles/s", enc * 1e6, layout.slots() / enc * 1e-6));
 
-  TileSink sink;
-  sink.slot_stride = layout.fp16_slot_bytes() / 2;
+  TileSink sink;  // [G][D] keys then values per slot, into a block-sized buffer
+  sink.slot_stride = 2 * layout.tile_elems();
   sink.dtype = DType::kF16;
   sink.frame = Frame::kStorage;
   const double dec = Time(stream, 2, reps, [&](int i) {

@@ -157,11 +157,13 @@ std::vector<float> CpuAttend(const Scenario& sc, const Built& b) {
       SequenceView view;
       if (a.sink_tokens > 0) {
         view.sink = Fp16Run{fp16(a.sink_block, L.Fp16KeysOffset(in.layer, h)),
-                            fp16(a.sink_block, L.Fp16ValuesOffset(in.layer, h)), a.sink_tokens};
+                            fp16(a.sink_block, L.Fp16ValuesOffset(in.layer, h)), a.sink_tokens,
+                            L.fp16_token_elems()};
       }
       if (a.tail_tokens > 0) {
         view.tail = Fp16Run{fp16(a.tail_block, L.Fp16KeysOffset(in.layer, h)),
-                            fp16(a.tail_block, L.Fp16ValuesOffset(in.layer, h)), a.tail_tokens};
+                            fp16(a.tail_block, L.Fp16ValuesOffset(in.layer, h)), a.tail_tokens,
+                            L.fp16_token_elems()};
       }
       std::vector<const uint8_t*> tiles;
       for (int32_t id : b.cpu_tiles[i]) {

@@ -30,11 +30,21 @@ std::vector<float> AsFloats(const std::vector<uint8_t>& bytes) {
 std::vector<uint8_t> CpuEncode(const Preset& preset, const BlockLayout& layout,
                                const TileSource& in, CodecStatus* status) {
   std::vector<uint8_t> block(layout.quant_block_bytes(), 0);
-  const size_t elem = in.dtype == DType::kF32 ? 4 : 2;
+  const size_t elem = in.dtype == DType::kF32 ? 4 : 2, d = static_cast<size_t>(layout.head_dim);
+  const size_t row_stride = in.row_stride != 0 ? in.row_stride : d;
+  std::vector<uint8_t> keys(layout.tile_elems() * elem), values(keys.size());
   for (size_t s = 0; s < layout.slots(); ++s) {
+    // The slot's rows, row_stride apart in the source, as the codec's [G][D] tile.
+    for (int r = 0; r < layout.tile_tokens; ++r) {
+      const size_t from = (s * in.slot_stride + static_cast<size_t>(r) * row_stride) * elem;
+      std::memcpy(keys.data() + r * d * elem, static_cast<const uint8_t*>(in.keys) + from,
+                  d * elem);
+      std::memcpy(values.data() + r * d * elem, static_cast<const uint8_t*>(in.values) + from,
+                  d * elem);
+    }
     TileIn t;
-    t.keys = static_cast<const uint8_t*>(in.keys) + s * in.slot_stride * elem;
-    t.values = static_cast<const uint8_t*>(in.values) + s * in.slot_stride * elem;
+    t.keys = keys.data();
+    t.values = values.data();
     t.dtype = in.dtype;
     t.frame = in.frame;
     const CodecStatus st = Cpu().EncodeTile(
@@ -369,7 +379,7 @@ void CheckStore(KernelRunner& runner, const Coverage& cov, Report& report) {
               if (preset.rotates()) FwhtInPlace(row.data(), d);
               const size_t off =
                   (which ? layout.Fp16ValuesOffset(1, h) : layout.Fp16KeysOffset(1, h)) / 2 +
-                  static_cast<size_t>(first + t) * d;
+                  static_cast<size_t>(first + t) * layout.fp16_token_elems();
               for (int c = 0; c < d; ++c) want[off + c] = FloatToHalf(row[c]);
             }
           }
@@ -388,8 +398,8 @@ void CheckStore(KernelRunner& runner, const Coverage& cov, Report& report) {
           for (int t = 0; t < n; ++t) {
             for (int l = 0; l < layers; ++l) {
               for (int h = 0; h < heads; ++h) {
-                const size_t off =
-                    layout.Fp16KeysOffset(l, h) / 2 + static_cast<size_t>(first + t) * d;
+                const size_t off = layout.Fp16KeysOffset(l, h) / 2 +
+                                   static_cast<size_t>(first + t) * layout.fp16_token_elems();
                 for (int c = 0; c < d; ++c) row[c] = HalfToFloat(gpu[off + c]);
                 if (preset.rotates()) FwhtInPlace(row.data(), d);
                 for (int c = 0; c < d; ++c) {
@@ -416,8 +426,10 @@ void CheckStore(KernelRunner& runner, const Coverage& cov, Report& report) {
         report.Check(
             st[2] == kStoreBadInput && st[0] == 0 && st[1] == 0 && st[3] == 0 && st[4] == 0,
             Fmt("%s: NaN status %d %d %d %d %d", tag.c_str(), st[0], st[1], st[2], st[3], st[4]));
-        const size_t bad = layout.Fp16KeysOffset(0, 1) / 2 + static_cast<size_t>(first + 2) * d;
-        const size_t good = layout.Fp16KeysOffset(0, 1) / 2 + static_cast<size_t>(first + 3) * d;
+        const size_t bad = layout.Fp16KeysOffset(0, 1) / 2 +
+                           static_cast<size_t>(first + 2) * layout.fp16_token_elems();
+        const size_t good = layout.Fp16KeysOffset(0, 1) / 2 +
+                            static_cast<size_t>(first + 3) * layout.fp16_token_elems();
         report.Check(std::memcmp(&blk[bad], &pattern[bad], d * 2) == 0 &&
                          std::memcmp(&blk[good], &pattern[good], d * 2) != 0,
                      tag + ": the NaN vector was written or a good one was not");

@@ -69,8 +69,7 @@ class DeviceRunner final : public KernelRunner {
   CodecStatus Encode(const Preset& preset, const BlockLayout& layout, const TileSource& in,
                      int iterations, std::vector<uint8_t>* block,
                      std::vector<int32_t>* status) override {
-    const size_t elems = (layout.slots() - 1) * in.slot_stride + layout.tile_elems();
-    const size_t bytes = elems * ElemBytes(in.dtype);
+    const size_t bytes = in.Extent(layout) * ElemBytes(in.dtype);
     DeviceBuffer k(in.keys, bytes), v(in.values, bytes);
     DeviceBuffer out(layout.quant_block_bytes()), st(layout.slots() * sizeof(int32_t));
     TileSource d = in;

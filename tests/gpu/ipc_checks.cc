@@ -381,14 +381,16 @@ void CheckScan(Report& r) {
   std::string why;
   if (run(0, 64) != ~0ull) why = "a clean slot reported a bad element";
   // Values of layer 2, kv-head 1, token 40, channel 7 (Inf), and keys of layer 1, kv-head 0,
-  // token 50, channel 3 (NaN): the scan of tokens [30, 60) must name the keys one first.
-  const size_t vi = (l.Fp16ValuesOffset(2, 1) / 2) + 40 * 64 + 7;
-  const size_t ki = (l.Fp16KeysOffset(1, 0) / 2) + 50 * 64 + 3;
+  // token 50, channel 3 (NaN): the scan of tokens [30, 60) goes in memory order, token by
+  // token (the slot is token-major), so it must name the values one, in token 40, first.
+  const size_t t_elems = l.fp16_token_elems();
+  const size_t vi = (l.Fp16ValuesOffset(2, 1) / 2) + 40 * t_elems + 7;
+  const size_t ki = (l.Fp16KeysOffset(1, 0) / 2) + 50 * t_elems + 3;
   host[vi] = 0x7C00;
   host[ki] = 0x7E00;
   const unsigned long long got = run(30, 30);
-  // Expected index: ((slot 2 * 2 + keys 0) * 30 + (50 - 30)) * 64 + 3.
-  const unsigned long long want = ((2ull * 2 + 0) * 30 + 20) * 64 + 3;
+  // Expected index: from token 30's row, 10 token rows, then the values row's offset + 7.
+  const unsigned long long want = 10 * t_elems + l.Fp16ValuesOffset(2, 1) / 2 + 7;
   if (why.empty() && got != want) why = "first bad element " + std::to_string(got) + ", want " + std::to_string(want);
   // Tokens [51, 64) hold neither bad element.
   if (why.empty() && run(51, 13) != ~0ull) why = "tokens past both bad elements reported one";

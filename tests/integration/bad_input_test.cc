@@ -251,7 +251,8 @@ TEST_F(BadInputTest, NonFiniteKvIsInvalidArgument) {
   auto slot = a_->TailSlot(seq_);
   ASSERT_TRUE(slot.ok());
   const BlockLayout& bl = a_->block_layout();
-  uint8_t* at = slot->first + bl.Fp16ValuesOffset(1, 1) + static_cast<size_t>(slot->second) * bl.head_dim * 2 + 6;
+  uint8_t* at = slot->first + bl.Fp16ValuesOffset(1, 1) +
+                static_cast<size_t>(slot->second) * bl.fp16_token_bytes() + 6;
   std::memcpy(at, &qnan, 2);
   ExpectRejected("NaN committed from shared memory", Code::INVALID_ARGUMENT,
                  [&] { return RawAppend(ref, seq_, Tokens(61000, 1)); });

@@ -38,8 +38,8 @@ TEST_P(StoreTokensTest, WritesRotatedFp16AndAgreesAcrossImplementations) {
     for (float& x : v) x = nd(rng);
     std::vector<uint8_t> a(l.fp16_block_bytes(), 0xAB);
     ASSERT_TRUE(Codec::Reference().StoreTokens(p, l, a.data(), first, n, k.data(), v.data(), DType::kF32).ok());
-    // The SIMD codec streams rows to a destination aligned to its vectors (a pool block is)
-    // and stores them plainly to any other: both give the reference's bytes.
+    // The SIMD codec writes the reference's bytes to a destination aligned to its vectors (a
+    // pool block is) and to any other.
     auto buf = hwy::AllocateAligned<uint8_t>(a.size() + 64);
     for (size_t offset : {size_t{0}, size_t{16}, size_t{2}}) {
       uint8_t* b = buf.get() + offset;
@@ -51,8 +51,23 @@ TEST_P(StoreTokensTest, WritesRotatedFp16AndAgreesAcrossImplementations) {
     std::vector<float> row(k.begin() + (2 * l.slots() + l.slot(1, 1)) * d, k.begin() + (2 * l.slots() + l.slot(1, 1) + 1) * d);
     if (p.rotates()) FwhtInPlace(row.data(), d);
     const auto* keys = reinterpret_cast<const uint16_t*>(a.data() + l.Fp16KeysOffset(1, 1));
-    for (int c = 0; c < d; ++c) ASSERT_EQ(keys[(first + 2) * d + c], FloatToHalf(row[c])) << c;
-    EXPECT_EQ(keys[(first - 1) * d], 0xABAB);
+    const size_t stride = l.fp16_token_elems();
+    for (int c = 0; c < d; ++c) ASSERT_EQ(keys[(first + 2) * stride + c], FloatToHalf(row[c])) << c;
+    EXPECT_EQ(keys[(first - 1) * stride], 0xABAB);
+    // Token-major: the n tokens are the one run [first, first + n) x fp16_token_bytes, every
+    // (layer, head)'s key and value row of each; nothing outside it is written.
+    const size_t begin = first * l.fp16_token_bytes(), end = (first + n) * l.fp16_token_bytes();
+    EXPECT_EQ(end - begin, static_cast<size_t>(n) * l.slots() * 2 * d * sizeof(uint16_t));
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (i < begin || i >= end) {
+        ASSERT_EQ(a[i], 0xAB) << "byte " << i << " outside the tokens' run";
+      }
+    }
+    for (size_t r = begin; r < end; r += d * sizeof(uint16_t)) {  // every row of the run written
+      bool written = false;
+      for (size_t i = r; i < r + d * sizeof(uint16_t); ++i) written |= a[i] != 0xAB;
+      ASSERT_TRUE(written) << "row at byte " << r;
+    }
   }
 }
 

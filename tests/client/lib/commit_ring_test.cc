@@ -310,7 +310,7 @@ TEST_F(CommitRingTest, APublishedCommitKvarndRejectsChangesNothing) {
   const BlockLayout& l = s->block_layout();
   const uint16_t nan = 0x7E00;
   std::memcpy(slot->first + l.Fp16ValuesOffset(1, 0) +
-                  static_cast<size_t>(slot->second) * l.head_dim * 2 + 6,
+                  static_cast<size_t>(slot->second) * l.fp16_token_bytes() + 6,
               &nan, 2);
   ASSERT_TRUE(s->MarkStaged(q, 1).ok());
   auto want = s->CommitBatch({{q, {3}}});
@@ -326,7 +326,7 @@ TEST_F(CommitRingTest, APublishedCommitKvarndRejectsChangesNothing) {
   EXPECT_TRUE(s->TailSlot(q).ok());
   const uint16_t one = 0x3C00;
   std::memcpy(slot->first + l.Fp16ValuesOffset(1, 0) +
-                  static_cast<size_t>(slot->second) * l.head_dim * 2 + 6,
+                  static_cast<size_t>(slot->second) * l.fp16_token_bytes() + 6,
               &one, 2);
   ASSERT_TRUE((*ring)->Publish(q, std::vector<uint32_t>{3}).ok());
   auto fixed = (*ring)->Collect();
@@ -521,7 +521,9 @@ TEST_F(CommitRingTest, ErrorsComeBackWithCommitBatchsCodesAndMessages) {
   ASSERT_TRUE(slot.ok());
   const BlockLayout& l = s->block_layout();
   const uint16_t nan = 0x7E00;
-  std::memcpy(slot->first + l.Fp16KeysOffset(0, 0) + static_cast<size_t>(slot->second) * l.head_dim * 2, &nan, 2);
+  std::memcpy(slot->first + l.Fp16KeysOffset(0, 0) +
+                  static_cast<size_t>(slot->second) * l.fp16_token_bytes(),
+              &nan, 2);
   ASSERT_TRUE(s->MarkStaged(q[2], 1).ok());
   auto rb = s->CommitBatch({{q[2], {9}}});
   auto rr = (*ring)->Commit({{q[2], {9}}});

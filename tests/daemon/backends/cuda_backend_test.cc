@@ -169,7 +169,7 @@ TEST_F(CudaBackendTest, SealerMatchesTheCpuSealer) {
 
   // NaN: the same message from both, for the slot and for the sink copy.
   std::vector<uint8_t> bad = slot;
-  const size_t at = layout_.Fp16ValuesOffset(1, 0) + (70 * layout_.head_dim + 5) * 2;
+  const size_t at = layout_.Fp16ValuesOffset(1, 0) + 70 * layout_.fp16_token_bytes() + 5 * 2;
   bad[at] = 0x00;
   bad[at + 1] = 0x7E;
   Upload(tail->data(), bad);
@@ -203,7 +203,7 @@ TEST_F(CudaBackendTest, ExportAndImportMoveWholeBlocksAndImportScansSinks) {
   EXPECT_EQ(sink_out, slot);
   // An fp16 block with NaN is refused on import, with the CPU's message.
   std::vector<uint8_t> bad = slot;
-  const size_t at = layout_.Fp16KeysOffset(0, 1) + (3 * layout_.head_dim + 9) * 2;
+  const size_t at = layout_.Fp16KeysOffset(0, 1) + 3 * layout_.fp16_token_bytes() + 9 * 2;
   bad[at] = 0x00;
   bad[at + 1] = 0x7E;
   std::vector<uint8_t> cpu_sink(fbb);

@@ -188,7 +188,7 @@ TEST_F(CoreTest, NanStagedInSharedMemoryFailsTheSealWithoutStateChange) {
   l.tile_tokens = 64;
   uint8_t* slot = backend_.tails.at(0) + before.tail_slot * l.fp16_block_bytes();
   auto* keys = reinterpret_cast<uint16_t*>(slot + l.Fp16KeysOffset(1, 1));
-  keys[5 * 64 + 3] = 0x7E00;  // NaN
+  keys[5 * l.fp16_token_elems() + 3] = 0x7E00;  // NaN
   auto r = core_->Append(s, c->sequence, std::vector<uint32_t>{127});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(r.status().message(), HasSubstr("NaN"));
@@ -198,7 +198,7 @@ TEST_F(CoreTest, NanStagedInSharedMemoryFailsTheSealWithoutStateChange) {
   auto st = core_->Stats(std::nullopt);
   EXPECT_EQ(st->quant_free, st->quant_total);
   // Repaired, the same append succeeds.
-  keys[5 * 64 + 3] = 0;
+  keys[5 * l.fp16_token_elems() + 3] = 0;
   r = core_->Append(s, c->sequence, std::vector<uint32_t>{127});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->sealed);
@@ -551,7 +551,7 @@ TEST_F(CoreTest, BatchAppendsSealTilesAndAFailedSealChangesOnlyItsItem) {
   l.tile_tokens = 64;
   const BlockTableView bad = core_->Table(s, seqs[2]).value();
   auto* keys = reinterpret_cast<uint16_t*>(backend_.tails.at(0) + bad.tail_slot * l.fp16_block_bytes() + l.Fp16KeysOffset(0, 1));
-  keys[10 * 64 + 5] = 0x7E00;
+  keys[10 * l.fp16_token_elems() + 5] = 0x7E00;
   const std::vector<uint32_t> last[3] = {{2063}, {3063}, {4063}};
   std::vector<std::pair<SequenceId, std::span<const uint32_t>>> items;
   for (int i = 0; i < 3; ++i) items.emplace_back(seqs[i], last[i]);
