@@ -220,7 +220,9 @@ class Session {
   // The sequence's table as last returned by the daemon.
   absl::StatusOr<SequenceTable> Table(uint64_t seq) const;
   // Pointer to the sequence's writable tail slot (for a worker's own store kernel; a device
-  // pointer on a CUDA pool), and the token position where the next staged token goes.
+  // pointer on a CUDA pool), and the token position where the next staged token goes. The
+  // slot is token-major (BlockLayout): token t's rows start at t * fp16_token_bytes(), and
+  // (layer, kv-head)'s key and value rows at Fp16KeysOffset / Fp16ValuesOffset in them.
   absl::StatusOr<std::pair<uint8_t*, int>> TailSlot(uint64_t seq) const;
 
   // Decode attention of one layer over the sequence, straight from shared memory:

@@ -76,7 +76,7 @@ TierIdentity MakeTierIdentity(const ModelConfig& model, uint32_t tile_tokens, ui
                               uint64_t sink_block_bytes, std::string_view secret) {
   TierIdentity id;
   id.fingerprint = Sha256()
-                       .Tag("kvarn-tier-v1")
+                       .Tag("kvarn-tier-v2")  // v2: token-major fp16 blocks (2026-12-04)
                        .Str(model.model_id)
                        .U32(model.num_layers)
                        .U32(model.num_kv_heads)

@@ -55,9 +55,10 @@ struct TierIdentity {
   uint64_t payload_bytes(BlockClass c) const { return c == BlockClass::kQuant ? quant_block_bytes : sink_block_bytes; }
 };
 
-// fingerprint = SHA-256("kvarn-tier-v1" || model fields as in NamespaceDigest (no salt) ||
+// fingerprint = SHA-256("kvarn-tier-v2" || model fields as in NamespaceDigest (no salt) ||
 // u64 quant_block_bytes || u64 sink_block_bytes); mac_key = SHA-256("kvarn-tier-mac-v1" ||
-// u32 len || secret).
+// u32 len || secret). The tag names the block layouts: v2 since fp16 blocks became
+// token-major, so a tier written by an older kvarnd (same sizes, other layout) is foreign.
 TierIdentity MakeTierIdentity(const ModelConfig& model, uint32_t tile_tokens, uint64_t quant_block_bytes,
                               uint64_t sink_block_bytes, std::string_view secret);
 

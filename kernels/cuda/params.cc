@@ -64,9 +64,11 @@ CodecStatus BuildEncode(const Preset& preset, const BlockLayout& layout, const T
   const size_t n = layout.tile_elems(), d = static_cast<size_t>(layout.head_dim);
   const size_t row_stride = in.row_stride != 0 ? in.row_stride : d;
   if (row_stride < d) return InvalidArgument("row_stride is smaller than head_dim");
-  // Contiguous tiles follow each other; tiles of interleaved rows share each token's row.
-  if (in.slot_stride < (row_stride == d ? n : d))
-    return InvalidArgument("slot_stride makes the slots' tiles overlap");
+  // Contiguous tiles follow each other; interleaved tiles (a token-major block) lie side by
+  // side within each row_stride.
+  const bool overlap = row_stride == d ? in.slot_stride < n
+                                       : in.slot_stride < d || layout.slots() * in.slot_stride > row_stride;
+  if (overlap) return InvalidArgument("slot_stride and row_stride make the slots' tiles overlap");
   if (iterations < 0 || iterations > EncodeOptions::kMaxIterations) {
     return InvalidArgument("iterations must be in 0.." +
                            std::to_string(EncodeOptions::kMaxIterations));

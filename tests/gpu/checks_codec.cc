@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/codec.h"
+#include "kernels/cuda/params.h"
 #include "kernels/fp16.h"
 #include "tests/common/golden.h"
 #include "tests/gpu/checks.h"
@@ -267,6 +268,21 @@ void CheckEncodeDecode(KernelRunner& runner, const Coverage& cov, Report& report
                                kt.data(), vt.data(), DType::kF32);
         report.Check(cs.ok(), tag + ": CPU StoreTokens: " + cs.ToString());
         const TileSource src = Fp16BlockSource(layout, fp16.data());
+        // The launch parameters refuse strides whose tiles would overlap (host-side checks).
+        std::vector<uint8_t> unused(layout.quant_block_bytes());
+        std::vector<int32_t> unused_st(slots);
+        const auto refused = [&](TileSource t, const char* what) {
+          EncodeLaunch launch;
+          const CodecStatus b = BuildEncode(preset, layout, t, unused.data(), unused_st.data(),
+                                            kDefaultIterations, kHopperLimits, &launch);
+          report.Check(b.code() == CodecCode::kInvalidArgument,
+                       tag + ": BuildEncode accepted " + what + ": " + b.ToString());
+        };
+        TileSource wide = src, short_row = src;
+        wide.slot_stride = layout.fp16_token_elems();  // slot 1 starts in token 1's row
+        short_row.row_stride = static_cast<size_t>(d) / 2;
+        refused(wide, "slots wider than a token's row");
+        refused(short_row, "a row stride below head_dim");
         s = runner.Encode(preset, layout, src, kDefaultIterations, &gpu, &st);
         const std::vector<uint8_t> cpu16 = CpuEncode(preset, layout, src, &cs);
         report.Check(cs.ok(), tag + ": CPU encode (fp16): " + cs.ToString());
