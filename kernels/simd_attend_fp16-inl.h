@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
@@ -192,6 +193,25 @@ void Fp16Values(size_t d, const uint16_t* HWY_RESTRICT values, size_t stride, si
   }
 }
 
+// Calls f(std::integral_constant<int, n>()) for a head block of n = 1..kMaxHeadBlock heads.
+template <class F>
+HWY_INLINE void WithHeadBlock(int n, F&& f) {
+  switch (n) {
+    case 1:
+      f(std::integral_constant<int, 1>());
+      break;
+    case 2:
+      f(std::integral_constant<int, 2>());
+      break;
+    case 3:
+      f(std::integral_constant<int, 3>());
+      break;
+    default:
+      f(std::integral_constant<int, 4>());
+      break;
+  }
+}
+
 // Folds fp16 tokens (storage frame) into the fp16 softmax state and its natural-order
 // accumulator.
 inline void AttendFp16(size_t d, int heads, const Fp16Run& run, float scale, AttendScratch& s,
@@ -209,20 +229,9 @@ inline void AttendFp16(size_t d, int heads, const Fp16Run& run, float scale, Att
     SpanPrefetcher& pf_h = h0 == 0 ? pf : idle;
     const float* q_h = queries + h0 * d;
     float* sc_h = scores + h0 * g;
-    switch (std::min(kMaxHeadBlock, heads - h0)) {
-      case 1:
-        Fp16Scores<1>(d, q_h, keys, stride, tokens, scale, sc_h, pf_h);
-        break;
-      case 2:
-        Fp16Scores<2>(d, q_h, keys, stride, tokens, scale, sc_h, pf_h);
-        break;
-      case 3:
-        Fp16Scores<3>(d, q_h, keys, stride, tokens, scale, sc_h, pf_h);
-        break;
-      default:
-        Fp16Scores<4>(d, q_h, keys, stride, tokens, scale, sc_h, pf_h);
-        break;
-    }
+    WithHeadBlock(std::min(kMaxHeadBlock, heads - h0), [&](auto h) {
+      Fp16Scores<decltype(h)::value>(d, q_h, keys, stride, tokens, scale, sc_h, pf_h);
+    });
   }
   for (int h = 0; h < heads; ++h) {
     float* HWY_RESTRICT sc = scores + h * g;
@@ -252,20 +261,9 @@ inline void AttendFp16(size_t d, int heads, const Fp16Run& run, float scale, Att
     float* acc = acc_h + h0 * d;
     const float* p = scores + h0 * g;
     SpanPrefetcher& pf_h = h0 == 0 ? pf : idle;
-    switch (std::min(kMaxHeadBlock, heads - h0)) {
-      case 1:
-        Fp16Values<1>(d, values, stride, tokens, p, g, acc, pf_h);
-        break;
-      case 2:
-        Fp16Values<2>(d, values, stride, tokens, p, g, acc, pf_h);
-        break;
-      case 3:
-        Fp16Values<3>(d, values, stride, tokens, p, g, acc, pf_h);
-        break;
-      default:
-        Fp16Values<4>(d, values, stride, tokens, p, g, acc, pf_h);
-        break;
-    }
+    WithHeadBlock(std::min(kMaxHeadBlock, heads - h0), [&](auto h) {
+      Fp16Values<decltype(h)::value>(d, values, stride, tokens, p, g, acc, pf_h);
+    });
   }
 }
 

@@ -102,10 +102,28 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
   req.set_client_name(o.client_name);
   req.set_client_pid(static_cast<int32_t>(getpid()));  // for the daemon's logs
   req.set_observer(o.observer);
+  req.set_fp16_layout(v1::FP16_LAYOUT_TOKEN_MAJOR);
   v1::OpenSessionResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.rpc_timeout));
   if (grpc::Status s = stub_->OpenSession(&ctx, req, &resp); !s.ok()) return FromGrpc(s);
+  if (resp.pool().fp16_layout() != v1::FP16_LAYOUT_TOKEN_MAJOR) {
+    // A kvarnd from before the field: its fp16 blocks are laid out otherwise. Hand the session
+    // back rather than misread them.
+    v1::CloseSessionRequest close;
+    close.mutable_session()->set_session_id(resp.session_id());
+    close.mutable_session()->set_secret(resp.session_secret());
+    close.mutable_session()->set_epoch(resp.pool().epoch());
+    v1::CloseSessionResponse closed;
+    grpc::ClientContext close_ctx;
+    close_ctx.set_deadline(std::chrono::system_clock::now() +
+                           absl::ToChronoMilliseconds(options_.rpc_timeout));
+    (void)stub_->CloseSession(&close_ctx, close, &closed);
+    return absl::FailedPreconditionError(
+        absl::StrCat("kvarnd's fp16 blocks are ", v1::Fp16Layout_Name(resp.pool().fp16_layout()),
+                     " (a kvarnd from before 2026-12-04); this client reads and writes "
+                     "FP16_LAYOUT_TOKEN_MAJOR: upgrade kvarnd"));
+  }
   std::unique_ptr<Session> session(new Session(this, resp, preset));
   if (absl::Status m = session->MapPool(); !m.ok()) return m;
   session->keepalive_ = std::thread([p = session.get()] { p->KeepAliveLoop(); });

@@ -71,6 +71,7 @@ void ToProto(const PoolView& p, const ModelConfig& model, v1::PoolDescription* o
   out->set_tail_slots(p.tail_slots);
   out->set_epoch(p.epoch);
   out->set_daemon_pid(p.daemon_pid);
+  out->set_fp16_layout(v1::FP16_LAYOUT_TOKEN_MAJOR);
 }
 
 void ToProto(const CoreStats& s, const std::string& preset, v1::StatsResponse* out) {

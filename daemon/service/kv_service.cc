@@ -192,6 +192,16 @@ grpc::Status KvService::Describe(grpc::ServerContext*, const v1::DescribeRequest
 grpc::Status KvService::OpenSession(grpc::ServerContext* ctx, const v1::OpenSessionRequest* req,
                                     v1::OpenSessionResponse* resp) {
   return Timed("OpenSession", [&] {
+    if (req->fp16_layout() != v1::FP16_LAYOUT_TOKEN_MAJOR) {
+      const std::string why = absl::StrCat(
+          "this kvarnd's fp16 blocks (sink blocks, tail slots) are token-major "
+          "(FP16_LAYOUT_TOKEN_MAJOR); the client declared ",
+          v1::Fp16Layout_Name(req->fp16_layout()),
+          " (a client library from before 2026-12-04 declares nothing): upgrade the client");
+      Log(LogLevel::kWarning, "session_refused",
+          {{"tenant", req->tenant()}, {"peer", ctx->peer()}, {"reason", why}});
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, why);
+    }
     OpenParams p;
     p.tenant = req->tenant();
     p.tenant_token = req->tenant_token();

@@ -107,7 +107,10 @@ class Harness {
         v1::OpenSessionRequest req;
         v1::OpenSessionResponse resp;
         req.ParseFromString(body);
-        if (naming & 1) ToProto(model_, req.mutable_layout());
+        if (naming & 1) {
+          ToProto(model_, req.mutable_layout());
+          req.set_fp16_layout(v1::FP16_LAYOUT_TOKEN_MAJOR);
+        }
         s = service_->OpenSession(&ctx, &req, &resp);
         if (s.ok()) {
           v1::CloseSessionRequest close;

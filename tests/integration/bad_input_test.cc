@@ -206,6 +206,7 @@ TEST_F(BadInputTest, OpenSessionWithAWrongLayoutIsInvalidArgument) {
     m->set_head_dim(l.head_dim);
     m->set_preset(l.preset);
     m->set_sink_tokens(l.sink_tokens);
+    req.set_fp16_layout(v1::FP16_LAYOUT_TOKEN_MAJOR);
     edit(req);
     v1::OpenSessionResponse resp;
     return client_->stub().OpenSession(Ctx().get(), req, &resp);
@@ -216,6 +217,10 @@ TEST_F(BadInputTest, OpenSessionWithAWrongLayoutIsInvalidArgument) {
   ExpectRejected("too many tail slots", Code::INVALID_ARGUMENT,
                  [&] { return raw_open([](auto& r) { r.set_max_sequences(1000000); }); });
   ExpectRejected("no layout", Code::INVALID_ARGUMENT, [&] { return raw_open([](auto& r) { r.clear_layout(); }); });
+  // A client library from before token-major fp16 blocks declares no layout: it would stage
+  // every token at the wrong place.
+  ExpectRejected("no fp16 layout", Code::FAILED_PRECONDITION,
+                 [&] { return raw_open([](auto& r) { r.clear_fp16_layout(); }); });
 }
 
 TEST_F(BadInputTest, NonFiniteKvIsInvalidArgument) {

@@ -207,6 +207,7 @@ TEST_F(CommitRingServerTest, RingGoesToTheSessionsProcessOnce) {
     req.set_tenant("a");
     *req.mutable_layout() = LayoutProto(h_.options().core.model);
     req.set_observer(true);
+    req.set_fp16_layout(v1::FP16_LAYOUT_TOKEN_MAJOR);
     v1::OpenSessionResponse resp;
     grpc::ClientContext ctx;
     SetDeadline(&ctx);

@@ -252,6 +252,7 @@ class ServiceHarness {
     req.set_max_sequences(max_sequences);
     req.set_admin_token(admin_token);
     req.set_client_name("service-test");
+    req.set_fp16_layout(v1::FP16_LAYOUT_TOKEN_MAJOR);
     v1::OpenSessionResponse resp;
     grpc::ClientContext ctx;
     SetDeadline(&ctx);

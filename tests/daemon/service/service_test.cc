@@ -176,6 +176,7 @@ TEST_F(ServiceTest, OpenSessionReturnsADistinct32ByteSecretPerSession) {
   EXPECT_NE(a.session_id(), b.session_id());
   EXPECT_EQ(a.pool().epoch(), core().epoch());
   EXPECT_EQ(a.pool().backend(), v1::PoolDescription::BACKEND_HOST);
+  EXPECT_EQ(a.pool().fp16_layout(), v1::FP16_LAYOUT_TOKEN_MAJOR);
   EXPECT_EQ(a.pool().tail_slots(), 2u);
   EXPECT_EQ(a.pool().quant_segments_size(), 1);
   EXPECT_EQ(a.pool().sink_segments_size(), 1);
@@ -189,10 +190,29 @@ TEST_F(ServiceTest, OpenSessionWithAnotherLayoutIsInvalidArgument) {
   ModelConfig other = SmallModel();
   other.num_layers = 3;
   *req.mutable_layout() = LayoutProto(other);
+  req.set_fp16_layout(v1::FP16_LAYOUT_TOKEN_MAJOR);
   v1::OpenSessionResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
   EXPECT_EQ(stub().OpenSession(&ctx, req, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(core().Stats(std::nullopt)->sessions, 0u);
+}
+
+// A client that does not declare token-major fp16 blocks (a client library from before the
+// field) would stage every token at the wrong place: refused, naming both layouts.
+TEST_F(ServiceTest, OpenSessionOfAClientOfAnotherFp16LayoutIsFailedPrecondition) {
+  v1::OpenSessionRequest req;
+  req.set_tenant("tenant-a");
+  *req.mutable_layout() = LayoutProto(SmallModel());
+  v1::OpenSessionResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  const grpc::Status s = stub().OpenSession(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("FP16_LAYOUT_TOKEN_MAJOR"), std::string::npos)
+      << s.error_message();
+  EXPECT_NE(s.error_message().find("declared FP16_LAYOUT_UNSPECIFIED"), std::string::npos)
+      << s.error_message();
   EXPECT_EQ(core().Stats(std::nullopt)->sessions, 0u);
 }
 
