@@ -65,6 +65,10 @@ struct Header {
   alignas(64) std::atomic<uint32_t> polling;
   // The daemon's: records completed (a free-running count); the futex word clients wait on.
   alignas(64) std::atomic<uint32_t> done;
+  // The daemon's: 1 + the CPU it drained the ring's last batch on, 0 before the first. A hint
+  // for the client's wait: commits drained on the client's own CPU (kvarnd follows the `cpu`
+  // hint) are not spun for, since the spinning client would hold the CPU they run on.
+  std::atomic<uint32_t> drained_on;
   // The daemon's: nonzero (an absl::StatusCode) once the daemon stopped serving this ring,
   // because its tail went out of bounds, its session ended or the daemon is stopping; the
   // message says why. Stored only once the daemon applies no further record of the ring,

@@ -72,8 +72,14 @@ absl::Status CommitRing::Unusable() const {
 absl::Status CommitRing::WaitFor(uint32_t target) {
   ring::Header* h = header();
   const auto done = [&] { return h->done.load(std::memory_order_acquire) == target; };
-  const auto spin_until = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(spin_);
-  while (spin_ > absl::ZeroDuration() && !done() && h->broken.load(std::memory_order_acquire) == 0) {
+  // Where kvarnd drained the last batch is where it will drain this one: on this CPU (it
+  // follows a plain commit's hint), spinning would only hold the CPU the commit is to run on.
+  const int cpu = sched_getcpu();
+  const bool drained_here =
+      cpu >= 0 && h->drained_on.load(std::memory_order_relaxed) == static_cast<uint32_t>(cpu) + 1;
+  const absl::Duration spin = drained_here ? absl::ZeroDuration() : spin_;
+  const auto spin_until = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(spin);
+  while (spin > absl::ZeroDuration() && !done() && h->broken.load(std::memory_order_acquire) == 0) {
     for (int i = 0; i < 64; ++i) ring::CpuRelax();
     if (std::chrono::steady_clock::now() >= spin_until) break;
   }

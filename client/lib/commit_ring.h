@@ -98,6 +98,8 @@ class CommitRing {
   // How long Commit spins on the completion word before it sleeps on the futex (default
   // 60 us, about the daemon's turnaround for a 64-sequence step). A spinning client holds a
   // core: on a machine with no core to spare, 0 (sleep at once) lets the daemon run sooner.
+  // It does not spin while kvarnd drains its commits on the CPU it waits on (the ring's
+  // `drained_on`: kvarnd follows a plain commit's CPU hint unless pinned elsewhere).
   void set_spin(absl::Duration spin) ABSL_LOCKS_EXCLUDED(mu_) {
     MutexLock lock(&mu_);
     spin_ = spin;

@@ -194,6 +194,9 @@ void CommitRingServer::Serve() {
       if (options_.follow_client_cpu && records) PlaceThread(hint);
       const int on = sched_getcpu();
       last_cpu_.store(on, std::memory_order_relaxed);
+      if (records)
+        r->header()->drained_on.store(on >= 0 ? static_cast<uint32_t>(on) + 1 : 0,
+                                      std::memory_order_relaxed);
       const uint32_t head = r->head;
       // The watch's time is read before Drain stores `done`: whoever saw `done` sees it too.
       const absl::Time turn = options_.clock->Now();

@@ -578,6 +578,11 @@ TEST_F(CommitRingTest, CommitsCarryTheClientsCpuAndTheDrainFollowsIt) {
   auto r = ring->Commit({{q, TestTokenIds(0, 1)}});
   ASSERT_TRUE(r.ok() && (*r)[0].ok());
   EXPECT_GE(h_->ring_cpu_moves(), 1u);
+  // kvarnd says where it drained the batch: the CPU the commit named (this process's mask
+  // is kvarnd's), which the client's next wait reads to decide whether to spin.
+  const auto* header = reinterpret_cast<const ring::Header*>(ring->raw_memory());
+  EXPECT_NE(header->drained_on.load(), 0u);
+  EXPECT_EQ(header->drained_on.load(), header->cpu.load());
 }
 
 TEST_F(CommitRingTest, OneRingPerSessionAndNoneWithoutSharedMemory) {
