@@ -120,8 +120,12 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
                            absl::ToChronoMilliseconds(options_.rpc_timeout));
     (void)stub_->CloseSession(&close_ctx, close, &closed);
     return absl::FailedPreconditionError(
-        absl::StrCat("kvarnd's fp16 blocks are ", v1::Fp16Layout_Name(resp.pool().fp16_layout()),
-                     " (a kvarnd from before 2026-12-04); this client reads and writes "
+        absl::StrCat("kvarnd's fp16 blocks are ",
+                     v1::Fp16Layout_IsValid(resp.pool().fp16_layout())
+                         ? v1::Fp16Layout_Name(resp.pool().fp16_layout())
+                         : absl::StrCat("fp16 layout ", resp.pool().fp16_layout()),
+                     " (a kvarnd from before 2026-12-04 says FP16_LAYOUT_UNSPECIFIED); this client "
+                     "reads and writes "
                      "FP16_LAYOUT_TOKEN_MAJOR: upgrade kvarnd"));
   }
   std::unique_ptr<Session> session(new Session(this, resp, preset));

@@ -204,15 +204,7 @@ absl::Status CudaSealer::Scan(Lane& lane, const uint8_t* slot, int first, int co
   }
   if (absl::Status s = lane.Sync(); !s.ok()) return s;
   const unsigned long long bad = lane.h_first_bad();
-  if (bad == ~0ull) return absl::OkStatus();
-  const unsigned long long d = static_cast<unsigned long long>(layout_.head_dim);
-  const unsigned long long per_token = layout_.fp16_token_elems();
-  const unsigned long long row = (bad % per_token) / d;  // slot * 2 + which
-  const int slot_index = static_cast<int>(row / 2);
-  return absl::InvalidArgumentError(absl::StrCat(
-      (row & 1) == 0 ? "keys" : "values", " of token ", first + static_cast<int>(bad / per_token),
-      " (layer ", slot_index / layout_.num_kv_heads, ", kv-head ",
-      slot_index % layout_.num_kv_heads, ", channel ", bad % d, ") hold NaN or Inf"));
+  return bad == ~0ull ? absl::OkStatus() : NonFiniteTokenError(layout_, first, bad);
 }
 
 absl::Status CudaSealer::CheckTokens(const uint8_t* slot, int first, int count) {

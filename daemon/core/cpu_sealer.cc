@@ -12,22 +12,26 @@
 
 namespace kvarn {
 
+absl::Status NonFiniteTokenError(const BlockLayout& layout, int first, uint64_t index) {
+  const uint64_t d = static_cast<uint64_t>(layout.head_dim), per_token = layout.fp16_token_elems();
+  const uint64_t row = (index % per_token) / d, slot = row / 2;  // row: slot * 2 + keys/values
+  return absl::InvalidArgumentError(absl::StrCat(
+      row % 2 == 0 ? "keys" : "values", " of token ", first + static_cast<int>(index / per_token),
+      " (layer ", slot / layout.num_kv_heads, ", kv-head ", slot % layout.num_kv_heads,
+      ", channel ", index % d, ") hold NaN or Inf"));
+}
+
 CpuSealer::CpuSealer(const Preset& preset, const BlockLayout& layout, int seal_threads)
     : preset_(preset), layout_(layout), pool_(std::make_unique<ParallelFor>(seal_threads)) {}
 
 absl::Status CpuSealer::CheckTokens(const uint8_t* slot, int first, int count) {
   // The tokens' rows are one run of the slot (token-major): one scan covers them.
-  const size_t d = static_cast<size_t>(layout_.head_dim), per_token = layout_.fp16_token_elems();
+  const size_t per_token = layout_.fp16_token_elems();
   const size_t len = static_cast<size_t>(count) * per_token;
   const auto* base =
       reinterpret_cast<const uint16_t*>(slot) + static_cast<size_t>(first) * per_token;
   const size_t bad = FindNonFiniteHalf(base, len);
-  if (bad == len) return absl::OkStatus();
-  const size_t token = bad / per_token, row = (bad % per_token) / d, s = row / 2;
-  return absl::InvalidArgumentError(
-      absl::StrCat(row % 2 == 0 ? "keys" : "values", " of token ", first + static_cast<int>(token),
-                   " (layer ", s / layout_.num_kv_heads, ", kv-head ", s % layout_.num_kv_heads,
-                   ", channel ", bad % d, ") hold NaN or Inf"));
+  return bad == len ? absl::OkStatus() : NonFiniteTokenError(layout_, first, bad);
 }
 
 namespace {

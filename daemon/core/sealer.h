@@ -18,6 +18,11 @@
 
 namespace kvarn {
 
+// The INVALID_ARGUMENT a CheckTokens gives for the NaN/Inf at element `index` of a tail slot,
+// counted in memory order from token `first`'s row (the slot is token-major, BlockLayout):
+// every implementation names the same token, layer, kv-head and channel in the same words.
+absl::Status NonFiniteTokenError(const BlockLayout& layout, int first, uint64_t index);
+
 class Sealer {
  public:
   virtual ~Sealer() = default;

@@ -196,7 +196,9 @@ grpc::Status KvService::OpenSession(grpc::ServerContext* ctx, const v1::OpenSess
       const std::string why = absl::StrCat(
           "this kvarnd's fp16 blocks (sink blocks, tail slots) are token-major "
           "(FP16_LAYOUT_TOKEN_MAJOR); the client declared ",
-          v1::Fp16Layout_Name(req->fp16_layout()),
+          v1::Fp16Layout_IsValid(req->fp16_layout())
+              ? v1::Fp16Layout_Name(req->fp16_layout())
+              : absl::StrCat("fp16 layout ", req->fp16_layout()),
           " (a client library from before 2026-12-04 declares nothing): upgrade the client");
       Log(LogLevel::kWarning, "session_refused",
           {{"tenant", req->tenant()}, {"peer", ctx->peer()}, {"reason", why}});

@@ -188,9 +188,15 @@ double StreamReadOnce(Workers& workers) {
   return static_cast<double>(kReadBytes) / s;
 }
 
-// Elements of one token in a pool's fp16 block of this one-layer model (BlockLayout: token-major,
-// a key row then a value row per kv-head).
-constexpr size_t kFp16TokenElems = 2 * static_cast<size_t>(kKvHeads) * kHeadDim;
+// The pool's block layout of this one-layer model: where its fp16 sink and tail rows go.
+BlockLayout Fp16Layout() {
+  BlockLayout l;
+  l.num_layers = 1;
+  l.num_kv_heads = kKvHeads;
+  l.head_dim = kHeadDim;
+  l.tile_tokens = kG;
+  return l;
+}
 
 struct Head {
   Fp16Run sink, tail;  // this kv-head's rows of the workload's fp16 blocks
@@ -243,17 +249,17 @@ std::vector<uint8_t> UniqueRecords(const Preset& p) {
 Workload MakeWorkload(const Preset& p, const std::vector<uint8_t>& unique, int tiles) {
   Workload w;
   w.tiles = tiles;
-  const size_t rb = p.RecordBytes(kHeadDim), fp16 = static_cast<size_t>(kHeadDim);
+  const size_t rb = p.RecordBytes(kHeadDim);
+  const BlockLayout l = Fp16Layout();
+  const size_t row = l.fp16_token_elems();
   ctl::Rng rng(100 + tiles);
-  w.sink_block = RandomHalves(kSinkTokens * kFp16TokenElems, rng);
-  w.tail_block = RandomHalves(kTailTokens * kFp16TokenElems, rng);
+  w.sink_block = RandomHalves(kSinkTokens * row, rng);
+  w.tail_block = RandomHalves(kTailTokens * row, rng);
   for (int h = 0; h < kKvHeads; ++h) {
     Head head;
-    const size_t k = static_cast<size_t>(h) * 2 * fp16;
-    head.sink = {w.sink_block.data() + k, w.sink_block.data() + k + fp16, kSinkTokens,
-                 kFp16TokenElems};
-    head.tail = {w.tail_block.data() + k, w.tail_block.data() + k + fp16, kTailTokens,
-                 kFp16TokenElems};
+    const size_t k = l.Fp16KeysOffset(0, h) / 2, v = l.Fp16ValuesOffset(0, h) / 2;
+    head.sink = {w.sink_block.data() + k, w.sink_block.data() + v, kSinkTokens, row};
+    head.tail = {w.tail_block.data() + k, w.tail_block.data() + v, kTailTokens, row};
     head.records.resize(static_cast<size_t>(tiles) * rb);
     for (int i = 0; i < tiles; ++i) {
       std::memcpy(head.records.data() + i * rb, unique.data() + ((i + 5 * h) % kUniqueTiles) * rb,

@@ -23,169 +23,6 @@ namespace {
 
 using Code = absl::StatusCode;
 
-// A harness with rings whose drain thread watches a ring for `watch` after a pipelined batch,
-// by `clock`. With a FakeClock the test does not advance, a watch ends only by the ring's next
-// batch, the end of its session or Stop: no test depends on the length of a wall-clock window.
-absl::Status StartWatching(ServiceHarness& h, const Clock* clock,
-                           absl::Duration watch = absl::Milliseconds(1),
-                           RpcObserver* observer = nullptr) {
-  ServiceHarness::Options o;
-  o.descriptors = true;
-  o.rings = true;
-  o.ring_options.watch = watch;
-  o.ring_options.clock = clock;
-  o.observer = observer;
-  return h.Start(o);
-}
-
-// A pipelining client's ring is watched after its batch: it publishes the next records
-// without the doorbell, and the drain thread takes them.
-TEST(CommitRingWatchTest, AWatchedRingIsDrainedWithoutItsDoorbell) {
-  FakeClock clock;
-  ServiceHarness h;
-  ASSERT_TRUE(StartWatching(h, &clock).ok());
-  auto m = OpenMapped(h, "a");
-  ASSERT_TRUE(m.ok()) << m.status();
-  ASSERT_EQ(CommitOne(*m, ring::kCpuPipelined, 1), 0);  // a pipelining client naming no CPU
-  ASSERT_TRUE(WaitFor([&] { return Polling(*m); })) << "the thread watches the ring";
-  EXPECT_EQ(h.rings()->watched(), 1u);
-  for (uint32_t id = 2; id <= 4; ++id) ASSERT_TRUE(CommitQuietly(*m, id));
-  EXPECT_EQ(h.rings()->watched(), 1u);  // the clock stood still: still watched
-  EXPECT_TRUE(Polling(*m));
-}
-
-// The watch lasts until its deadline by the injected clock, renewed by each batch, and ends
-// there: `polling` cleared and the ring out of the hot set. The next commit comes by the
-// doorbell, as from a client that read `polling` cleared, and starts a new watch. (Records
-// published between the clearing and the last look are not forced here: no sync point.)
-TEST(CommitRingWatchTest, TheWatchEndsWithPollingCleared) {
-  FakeClock clock;
-  ServiceHarness h;
-  ASSERT_TRUE(StartWatching(h, &clock, absl::Milliseconds(1)).ok());
-  auto m = OpenMapped(h, "a");
-  ASSERT_TRUE(m.ok()) << m.status();
-  uint32_t token = 0;
-  for (int round = 0; round < 3; ++round) {
-    ASSERT_EQ(CommitOne(*m, ring::kCpuPipelined, ++token), 0);  // rings the doorbell
-    ASSERT_TRUE(WaitFor([&] { return Polling(*m) && h.rings()->watched() == 1; }))
-        << "the watch never began";
-    clock.Advance(absl::Microseconds(999));
-    ASSERT_TRUE(CommitQuietly(*m, ++token)) << "watched until its deadline";
-    // That batch renewed the watch, until 1 ms after it.
-    clock.Advance(absl::Milliseconds(1));
-    ASSERT_TRUE(WaitFor([&] { return !Polling(*m) && h.rings()->watched() == 0; }))
-        << "the watch never ended";
-  }
-  EXPECT_EQ(h.core().Table(CoreRef(m->ref), m->seq)->tokens, 6u);
-}
-
-// Each hot ring has its own deadline, its last batch + watch: one ring's watch ends while
-// another's, renewed later, goes on.
-TEST(CommitRingWatchTest, EachWatchedRingHasItsOwnDeadline) {
-  FakeClock clock;
-  ServiceHarness h;
-  ASSERT_TRUE(StartWatching(h, &clock, absl::Milliseconds(1)).ok());
-  auto a = OpenMapped(h, "a");
-  auto b = OpenMapped(h, "b");
-  ASSERT_TRUE(a.ok() && b.ok());
-  ASSERT_EQ(CommitOne(*a, ring::kCpuPipelined, 1), 0);
-  ASSERT_TRUE(WaitFor([&] { return h.rings()->watched() == 1; }));
-  clock.Advance(absl::Microseconds(600));
-  ASSERT_EQ(CommitOne(*b, ring::kCpuPipelined, 1), 0);  // its doorbell ends a's spin
-  ASSERT_TRUE(WaitFor([&] { return h.rings()->watched() == 2; }));
-  clock.Advance(absl::Microseconds(600));  // past a's deadline, not b's
-  ASSERT_TRUE(WaitFor([&] { return !Polling(*a) && h.rings()->watched() == 1; }))
-      << "a's watch ended at its own deadline";
-  EXPECT_TRUE(Polling(*b));
-  EXPECT_TRUE(CommitQuietly(*b, 2)) << "b is still watched";
-  clock.Advance(absl::Milliseconds(1));
-  EXPECT_TRUE(WaitFor([&] { return !Polling(*b) && h.rings()->watched() == 0; }));
-}
-
-// Membership of the hot set is the last batch's: a plain batch ends the ring's watch, a
-// pipelined one starts it again.
-TEST(CommitRingWatchTest, APlainBatchEndsTheWatch) {
-  FakeClock clock;
-  ServiceHarness h;
-  ASSERT_TRUE(StartWatching(h, &clock).ok());
-  auto m = OpenMapped(h, "a");
-  ASSERT_TRUE(m.ok()) << m.status();
-  ASSERT_EQ(CommitOne(*m, ring::kCpuPipelined, 1), 0);
-  ASSERT_TRUE(WaitFor([&] { return Polling(*m) && h.rings()->watched() == 1; }));
-  ASSERT_EQ(CommitOne(*m, 0, 2), 0);
-  EXPECT_TRUE(WaitFor([&] { return !Polling(*m) && h.rings()->watched() == 0; }))
-      << "a plain batch left the ring watched";
-  ASSERT_EQ(CommitOne(*m, ring::kCpuPipelined, 3), 0);
-  EXPECT_TRUE(WaitFor([&] { return Polling(*m) && h.rings()->watched() == 1; }));
-}
-
-// Records refused before the core (a token count beyond a record) cost their sender nothing,
-// so a pipelined batch of only those starts no watch: a client could otherwise keep the
-// drain thread spinning a CPU with one junk record per watch period. A later round (another
-// ring's plain commit) shows the batch's decision was taken.
-TEST(CommitRingWatchTest, RefusedRecordsBuyNoWatch) {
-  FakeClock clock;
-  ServiceHarness h;
-  ASSERT_TRUE(StartWatching(h, &clock).ok());
-  auto a = OpenMapped(h, "a");
-  auto b = OpenMapped(h, "b");
-  ASSERT_TRUE(a.ok() && b.ok());
-  ring::Record junk = Rec(a->seq, {1});
-  junk.tokens = ring::kRecordTokens + 1;
-  a->ring.h()->cpu.store(ring::kCpuPipelined);
-  const auto got = a->ring.Commit({junk, junk});
-  ASSERT_EQ(got.size(), 2u);
-  EXPECT_EQ(got[0].code, static_cast<int>(absl::StatusCode::kInvalidArgument));
-  ASSERT_EQ(CommitOne(*b, 0, 1), 0);  // a later round
-  EXPECT_EQ(h.rings()->watched(), 0u);
-  EXPECT_FALSE(Polling(*a));
-  // One accepted commit in the batch is enough.
-  const auto mixed = a->ring.Commit({junk, Rec(a->seq, {1})});
-  ASSERT_EQ(mixed.size(), 2u);
-  EXPECT_EQ(mixed[1].code, 0) << Message(mixed[1]);
-  EXPECT_TRUE(WaitFor([&] { return Polling(*a) && h.rings()->watched() == 1; }));
-}
-
-// The ring of an ended session leaves the hot set (nothing keeps its segment and eventfd
-// alive), even while the thread spins for another ring; the other stays watched.
-TEST(CommitRingWatchTest, ARingOfAnEndedSessionLeavesTheHotSet) {
-  FakeClock clock;
-  ServiceHarness h;
-  ASSERT_TRUE(StartWatching(h, &clock).ok());
-  auto a = OpenMapped(h, "a");
-  auto b = OpenMapped(h, "b");
-  ASSERT_TRUE(a.ok() && b.ok());
-  ASSERT_EQ(CommitOne(*a, ring::kCpuPipelined, 1), 0);
-  ASSERT_EQ(CommitOne(*b, ring::kCpuPipelined, 1), 0);
-  ASSERT_TRUE(WaitFor([&] { return h.rings()->watched() == 2; }));
-  ASSERT_TRUE(h.CloseSession(a->ref).ok());
-  EXPECT_TRUE(WaitFor([&] { return h.rings()->watched() == 1 && h.rings()->rings() == 1; }))
-      << "watched " << h.rings()->watched() << ", rings " << h.rings()->rings();
-  EXPECT_EQ(a->ring.h()->broken.load(), static_cast<uint32_t>(Code::kNotFound));
-  EXPECT_FALSE(Polling(*a));
-  EXPECT_TRUE(Polling(*b));
-  EXPECT_TRUE(CommitQuietly(*b, 2));
-}
-
-// While the thread spins for a watched ring, another ring's doorbell is answered: the spin
-// looks at the doorbells and ends at the first. (The clock stands still: the watch itself
-// never ends.)
-TEST(CommitRingWatchTest, AnotherRingsDoorbellEndsTheSpin) {
-  FakeClock clock;
-  ServiceHarness h;
-  ASSERT_TRUE(StartWatching(h, &clock).ok());
-  auto watched = OpenMapped(h, "w");
-  auto plain = OpenMapped(h, "p");
-  ASSERT_TRUE(watched.ok() && plain.ok());
-  ASSERT_EQ(CommitOne(*watched, ring::kCpuPipelined, 1), 0);
-  ASSERT_TRUE(WaitFor([&] { return Polling(*watched); }));
-  for (uint32_t id = 1; id <= 3; ++id) {
-    EXPECT_EQ(CommitOne(*plain, 0, id), 0) << "commit " << id << " of the rung ring";
-  }
-  EXPECT_EQ(h.rings()->watched(), 1u);
-  EXPECT_TRUE(CommitQuietly(*watched, 2));
-}
-
 // A neighbour whose client is as fast as the drain thread: it keeps its tail one record
 // ahead of `done`. It publishes its next record (garbage, refused by the ring alone) and rings
 // from the drain thread itself, as the thread reports each batch (the "CommitRing" call of
@@ -226,13 +63,158 @@ class TricklingNeighbour final : public RpcObserver {
   uint64_t published_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// A watched ring's records, published without the doorbell, are drained in the next round
-// even while a trickling neighbour keeps the thread from ever running out of work.
-TEST(CommitRingWatchTest, AWatchedRingIsServedBesideATricklingNeighbour) {
+// A harness with rings whose drain thread watches a ring for 1 ms after a pipelined batch, by
+// `clock`, a FakeClock the tests advance themselves: a watch ends only by the ring's next
+// batch, the end of its session, Stop, or the test moving the clock, so no test depends on
+// the length of a wall-clock window. `neighbour` observes the thread's batches (idle unless a
+// test starts it); it is declared first, so it outlives the harness.
+class CommitRingWatchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ServiceHarness::Options o;
+    o.descriptors = true;
+    o.rings = true;
+    o.ring_options.watch = absl::Milliseconds(1);
+    o.ring_options.clock = &clock;
+    o.observer = &neighbour;
+    ASSERT_TRUE(h.Start(o).ok());
+  }
+
   TricklingNeighbour neighbour;
   FakeClock clock;
   ServiceHarness h;
-  ASSERT_TRUE(StartWatching(h, &clock, absl::Milliseconds(1), &neighbour).ok());
+};
+
+// A pipelining client's ring is watched after its batch: it publishes the next records
+// without the doorbell, and the drain thread takes them.
+TEST_F(CommitRingWatchTest, AWatchedRingIsDrainedWithoutItsDoorbell) {
+  auto m = OpenMapped(h, "a");
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(CommitOne(*m, ring::kCpuPipelined, 1), 0);  // a pipelining client naming no CPU
+  ASSERT_TRUE(WaitFor([&] { return Polling(*m); })) << "the thread watches the ring";
+  EXPECT_EQ(h.rings()->watched(), 1u);
+  for (uint32_t id = 2; id <= 4; ++id) ASSERT_TRUE(CommitQuietly(*m, id));
+  EXPECT_EQ(h.rings()->watched(), 1u);  // the clock stood still: still watched
+  EXPECT_TRUE(Polling(*m));
+}
+
+// The watch lasts until its deadline by the injected clock, renewed by each batch, and ends
+// there: `polling` cleared and the ring out of the hot set. The next commit comes by the
+// doorbell, as from a client that read `polling` cleared, and starts a new watch. (Records
+// published between the clearing and the last look are not forced here: no sync point.)
+TEST_F(CommitRingWatchTest, TheWatchEndsWithPollingCleared) {
+  auto m = OpenMapped(h, "a");
+  ASSERT_TRUE(m.ok()) << m.status();
+  uint32_t token = 0;
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_EQ(CommitOne(*m, ring::kCpuPipelined, ++token), 0);  // rings the doorbell
+    ASSERT_TRUE(WaitFor([&] { return Polling(*m) && h.rings()->watched() == 1; }))
+        << "the watch never began";
+    clock.Advance(absl::Microseconds(999));
+    ASSERT_TRUE(CommitQuietly(*m, ++token)) << "watched until its deadline";
+    // That batch renewed the watch, until 1 ms after it.
+    clock.Advance(absl::Milliseconds(1));
+    ASSERT_TRUE(WaitFor([&] { return !Polling(*m) && h.rings()->watched() == 0; }))
+        << "the watch never ended";
+  }
+  EXPECT_EQ(h.core().Table(CoreRef(m->ref), m->seq)->tokens, 6u);
+}
+
+// Each hot ring has its own deadline, its last batch + watch: one ring's watch ends while
+// another's, renewed later, goes on.
+TEST_F(CommitRingWatchTest, EachWatchedRingHasItsOwnDeadline) {
+  auto a = OpenMapped(h, "a");
+  auto b = OpenMapped(h, "b");
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(CommitOne(*a, ring::kCpuPipelined, 1), 0);
+  ASSERT_TRUE(WaitFor([&] { return h.rings()->watched() == 1; }));
+  clock.Advance(absl::Microseconds(600));
+  ASSERT_EQ(CommitOne(*b, ring::kCpuPipelined, 1), 0);  // its doorbell ends a's spin
+  ASSERT_TRUE(WaitFor([&] { return h.rings()->watched() == 2; }));
+  clock.Advance(absl::Microseconds(600));  // past a's deadline, not b's
+  ASSERT_TRUE(WaitFor([&] { return !Polling(*a) && h.rings()->watched() == 1; }))
+      << "a's watch ended at its own deadline";
+  EXPECT_TRUE(Polling(*b));
+  EXPECT_TRUE(CommitQuietly(*b, 2)) << "b is still watched";
+  clock.Advance(absl::Milliseconds(1));
+  EXPECT_TRUE(WaitFor([&] { return !Polling(*b) && h.rings()->watched() == 0; }));
+}
+
+// Membership of the hot set is the last batch's: a plain batch ends the ring's watch, a
+// pipelined one starts it again.
+TEST_F(CommitRingWatchTest, APlainBatchEndsTheWatch) {
+  auto m = OpenMapped(h, "a");
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(CommitOne(*m, ring::kCpuPipelined, 1), 0);
+  ASSERT_TRUE(WaitFor([&] { return Polling(*m) && h.rings()->watched() == 1; }));
+  ASSERT_EQ(CommitOne(*m, 0, 2), 0);
+  EXPECT_TRUE(WaitFor([&] { return !Polling(*m) && h.rings()->watched() == 0; }))
+      << "a plain batch left the ring watched";
+  ASSERT_EQ(CommitOne(*m, ring::kCpuPipelined, 3), 0);
+  EXPECT_TRUE(WaitFor([&] { return Polling(*m) && h.rings()->watched() == 1; }));
+}
+
+// Records refused before the core (a token count beyond a record) cost their sender nothing,
+// so a pipelined batch of only those starts no watch: a client could otherwise keep the
+// drain thread spinning a CPU with one junk record per watch period. A later round (another
+// ring's plain commit) shows the batch's decision was taken.
+TEST_F(CommitRingWatchTest, RefusedRecordsBuyNoWatch) {
+  auto a = OpenMapped(h, "a");
+  auto b = OpenMapped(h, "b");
+  ASSERT_TRUE(a.ok() && b.ok());
+  ring::Record junk = Rec(a->seq, {1});
+  junk.tokens = ring::kRecordTokens + 1;
+  a->ring.h()->cpu.store(ring::kCpuPipelined);
+  const auto got = a->ring.Commit({junk, junk});
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].code, static_cast<int>(absl::StatusCode::kInvalidArgument));
+  ASSERT_EQ(CommitOne(*b, 0, 1), 0);  // a later round
+  EXPECT_EQ(h.rings()->watched(), 0u);
+  EXPECT_FALSE(Polling(*a));
+  // One accepted commit in the batch is enough.
+  const auto mixed = a->ring.Commit({junk, Rec(a->seq, {1})});
+  ASSERT_EQ(mixed.size(), 2u);
+  EXPECT_EQ(mixed[1].code, 0) << Message(mixed[1]);
+  EXPECT_TRUE(WaitFor([&] { return Polling(*a) && h.rings()->watched() == 1; }));
+}
+
+// The ring of an ended session leaves the hot set (nothing keeps its segment and eventfd
+// alive), even while the thread spins for another ring; the other stays watched.
+TEST_F(CommitRingWatchTest, ARingOfAnEndedSessionLeavesTheHotSet) {
+  auto a = OpenMapped(h, "a");
+  auto b = OpenMapped(h, "b");
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(CommitOne(*a, ring::kCpuPipelined, 1), 0);
+  ASSERT_EQ(CommitOne(*b, ring::kCpuPipelined, 1), 0);
+  ASSERT_TRUE(WaitFor([&] { return h.rings()->watched() == 2; }));
+  ASSERT_TRUE(h.CloseSession(a->ref).ok());
+  EXPECT_TRUE(WaitFor([&] { return h.rings()->watched() == 1 && h.rings()->rings() == 1; }))
+      << "watched " << h.rings()->watched() << ", rings " << h.rings()->rings();
+  EXPECT_EQ(a->ring.h()->broken.load(), static_cast<uint32_t>(Code::kNotFound));
+  EXPECT_FALSE(Polling(*a));
+  EXPECT_TRUE(Polling(*b));
+  EXPECT_TRUE(CommitQuietly(*b, 2));
+}
+
+// While the thread spins for a watched ring, another ring's doorbell is answered: the spin
+// looks at the doorbells and ends at the first. (The clock stands still: the watch itself
+// never ends.)
+TEST_F(CommitRingWatchTest, AnotherRingsDoorbellEndsTheSpin) {
+  auto watched = OpenMapped(h, "w");
+  auto plain = OpenMapped(h, "p");
+  ASSERT_TRUE(watched.ok() && plain.ok());
+  ASSERT_EQ(CommitOne(*watched, ring::kCpuPipelined, 1), 0);
+  ASSERT_TRUE(WaitFor([&] { return Polling(*watched); }));
+  for (uint32_t id = 1; id <= 3; ++id) {
+    EXPECT_EQ(CommitOne(*plain, 0, id), 0) << "commit " << id << " of the rung ring";
+  }
+  EXPECT_EQ(h.rings()->watched(), 1u);
+  EXPECT_TRUE(CommitQuietly(*watched, 2));
+}
+
+// A watched ring's records, published without the doorbell, are drained in the next round
+// even while a trickling neighbour keeps the thread from ever running out of work.
+TEST_F(CommitRingWatchTest, AWatchedRingIsServedBesideATricklingNeighbour) {
   auto victim = OpenMapped(h, "victim");
   auto trickler = OpenMapped(h, "neighbour");
   ASSERT_TRUE(victim.ok() && trickler.ok());
@@ -258,10 +240,7 @@ TEST(CommitRingWatchTest, AWatchedRingIsServedBesideATricklingNeighbour) {
 // `polling` is the client's to scribble: a client that sets it while its ring is not watched
 // (while the thread watches another) skips its own doorbell and delays only its own record,
 // until its doorbell; the watched neighbour's commits go on.
-TEST(CommitRingWatchTest, AScribbledPollingWordDelaysOnlyItsOwnRing) {
-  FakeClock clock;
-  ServiceHarness h;
-  ASSERT_TRUE(StartWatching(h, &clock).ok());
+TEST_F(CommitRingWatchTest, AScribbledPollingWordDelaysOnlyItsOwnRing) {
   auto x = OpenMapped(h, "x");
   auto y = OpenMapped(h, "y");
   ASSERT_TRUE(x.ok() && y.ok());
@@ -326,11 +305,10 @@ class CommitRingCpuTest : public ::testing::Test {
   // Opens a session with a ring and a sequence; commits one token with each hint in turn and
   // checks every commit completes with OK.
   void CommitWithHints(ServiceHarness& h, const std::vector<uint32_t>& hints) {
-    const v1::SessionRef ref = ServiceHarness::RefOf(h.Open("a", 2));
-    ASSERT_TRUE(FetchSessionMemory(h.descriptor_socket(), ref).ok());
-    auto r = TakeRing(h.descriptor_socket(), ref);
-    ASSERT_TRUE(r.ok()) << r.status();
-    const uint64_t seq = h.CreateSequence(ref);
+    auto m = OpenMapped(h, "a");
+    ASSERT_TRUE(m.ok()) << m.status();
+    const RawRing* r = &m->ring;
+    const uint64_t seq = m->seq;
     uint32_t id = 1;
     for (uint32_t hint : hints) {
       r->h()->cpu.store(hint);
@@ -403,11 +381,10 @@ TEST_F(CommitRingCpuTest, NoHintReleasesTheThreadToItsMask) {
 TEST_F(CommitRingCpuTest, APipelinedBatchIsDrainedBesideItsClient) {
   ServiceHarness h;
   ASSERT_TRUE(StartNarrowed(h, cpus_, true).ok());
-  const v1::SessionRef ref = ServiceHarness::RefOf(h.Open("a", 2));
-  ASSERT_TRUE(FetchSessionMemory(h.descriptor_socket(), ref).ok());
-  auto r = TakeRing(h.descriptor_socket(), ref);
-  ASSERT_TRUE(r.ok()) << r.status();
-  const uint64_t seq = h.CreateSequence(ref);
+  auto m = OpenMapped(h, "a");
+  ASSERT_TRUE(m.ok()) << m.status();
+  const RawRing* r = &m->ring;
+  const uint64_t seq = m->seq;
   uint32_t id = 1;
   for (int round = 0; round < 2; ++round) {
     for (int cpu : {cpus_[0], cpus_[1]}) {
