@@ -24,14 +24,21 @@
 // 256 MiB buffer (split in halves for two threads), wall clock, once before every step of a
 // row and the median taken, so that the ratio's two sides come from the same minutes.
 //
+// Pages: the records, the fp16 blocks and the read buffer are on 4 KiB pages (transparent huge
+// pages refused for them), or with --huge-pages on 2 MiB pages (transparent huge pages asked
+// for), as a pool on huge pages (kvarnd --huge_pages) maps them. With 4 KiB pages a cold step
+// also walks the page tables for every 4 KiB of records; the header says how much of the
+// memory the kernel actually put on huge pages.
+//
 // Run pinned: `taskset -c 1 build/bin/kvarn_attend_bench` for one core, `taskset -c 0,1 ...`
 // for the two-thread lines (workers are pinned to the CPUs of the process's mask in order).
 // Flags: --reps=N (default 15), --exact (also time AttendPrecision::kExact), --warm (no
 // eviction: the compute alone, for comparing kernels on a busy machine; not the target's
 // condition), --tiles=N (one sequence length: N quantized tiles per kv-head), --tile-cost
-// (the tiles' compute alone, in L2: see TileCost).
+// (the tiles' compute alone, in L2: see TileCost), --huge-pages (above).
 #include <pthread.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include <algorithm>
@@ -42,6 +49,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
@@ -79,6 +87,64 @@ void Check(const CodecStatus& s) {
     std::exit(1);
   }
 }
+
+// This process's anonymous memory on transparent huge pages, bytes (0 when unknown).
+size_t AnonHugeBytes() {
+  std::ifstream in("/proc/self/smaps_rollup");
+  std::string key;
+  size_t kb = 0;
+  while (in >> key) {
+    if (key == "AnonHugePages:") {
+      in >> kb;
+      return kb << 10;
+    }
+  }
+  return 0;
+}
+
+// Memory for what a step reads, zeroed and touched (no fault is timed): 2 MiB-aligned and
+// advised for transparent huge pages, or with huge pages refused. Move-only.
+class Region {
+ public:
+  static constexpr size_t kHuge = size_t{2} << 20;
+  Region() = default;
+  Region(size_t bytes, bool huge) : mapped_(bytes + kHuge), bytes_(bytes) {
+    const size_t before = AnonHugeBytes();
+    map_ = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (map_ == MAP_FAILED) {
+      std::perror("mmap");
+      std::exit(1);
+    }
+    const uintptr_t at = (reinterpret_cast<uintptr_t>(map_) + kHuge - 1) & ~uintptr_t{kHuge - 1};
+    data_ = reinterpret_cast<uint8_t*>(at);
+    // Advice the kernel may not take (THP off): the header reports what it did.
+    (void)madvise(data_, bytes_, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    std::memset(data_, 0, bytes_);
+    const size_t after = AnonHugeBytes();
+    huge_bytes_ = after > before ? after - before : 0;
+  }
+  Region(Region&& o) noexcept { *this = std::move(o); }
+  Region& operator=(Region&& o) noexcept {
+    std::swap(map_, o.map_);
+    std::swap(mapped_, o.mapped_);
+    std::swap(data_, o.data_);
+    std::swap(bytes_, o.bytes_);
+    std::swap(huge_bytes_, o.huge_bytes_);
+    return *this;
+  }
+  ~Region() {
+    if (map_ != nullptr) munmap(map_, mapped_);
+  }
+  uint8_t* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  size_t huge_bytes() const { return huge_bytes_; }  // what the kernel put on huge pages
+
+ private:
+  void* map_ = nullptr;
+  size_t mapped_ = 0;
+  uint8_t* data_ = nullptr;
+  size_t bytes_ = 0, huge_bytes_ = 0;
+};
 
 // N worker threads, started once, each pinned to the N-th CPU of the process's mask. Run(job)
 // runs job(worker) on every worker; job calls Sync() at its timing points, which are barriers
@@ -174,12 +240,15 @@ void Evict(int worker) {
   EvictByReading(b.data(), b.size());
 }
 
-// One streaming read of a kReadBytes buffer split between the workers: bytes/s, wall clock.
+// The streaming read's buffer, kReadBytes on the pages of the step's data (Main sets it).
+const Region* g_read_buffer = nullptr;
+
+// One streaming read of the kReadBytes buffer split between the workers: bytes/s, wall clock.
 double StreamReadOnce(Workers& workers) {
-  static std::vector<uint64_t> buf(kReadBytes / sizeof(uint64_t), 1);
+  const auto* words = reinterpret_cast<const uint64_t*>(g_read_buffer->data());
   workers.Run([&](int w) {
-    const size_t n = buf.size() / static_cast<size_t>(workers.size());
-    const uint64_t* p = buf.data() + static_cast<size_t>(w) * n;
+    const size_t n = kReadBytes / sizeof(uint64_t) / static_cast<size_t>(workers.size());
+    const uint64_t* p = words + static_cast<size_t>(w) * n;
     workers.Sync();
     SumWords(p, n);
     workers.Sync();
@@ -200,8 +269,7 @@ BlockLayout Fp16Layout() {
 
 struct Head {
   Fp16Run sink, tail;  // this kv-head's rows of the workload's fp16 blocks
-  std::vector<uint8_t> records;
-  std::vector<const uint8_t*> tiles;
+  std::vector<const uint8_t*> tiles;  // its records, back to back in the workload's region
   SequenceView View() const {
     SequenceView s;
     s.sink = sink;
@@ -213,7 +281,9 @@ struct Head {
 
 struct Workload {
   int tiles = 0;
-  std::vector<uint16_t> sink_block, tail_block;  // storage frame, fp16 bits, as in the pool
+  // Every kv-head's records, then the fp16 sink and tail blocks (storage frame, fp16 bits, as
+  // in the pool).
+  Region memory;
   std::vector<Head> heads;
   std::vector<float> queries;  // [kv_head][kHeadsPerKv][D]
   size_t Tokens() const { return kSinkTokens + static_cast<size_t>(tiles) * kG + kTailTokens; }
@@ -223,10 +293,8 @@ struct Workload {
   }
 };
 
-std::vector<uint16_t> RandomHalves(size_t n, ctl::Rng& rng) {
-  std::vector<uint16_t> h(n);
-  for (uint16_t& x : h) x = FloatToHalf(static_cast<float>(rng.Normal()));
-  return h;
+void RandomHalves(uint16_t* h, size_t n, ctl::Rng& rng) {
+  for (size_t i = 0; i < n; ++i) h[i] = FloatToHalf(static_cast<float>(rng.Normal()));
 }
 
 // kUniqueTiles records encoded from Gaussian K (a few wide channels) and V.
@@ -246,26 +314,30 @@ std::vector<uint8_t> UniqueRecords(const Preset& p) {
   return out;
 }
 
-Workload MakeWorkload(const Preset& p, const std::vector<uint8_t>& unique, int tiles) {
+Workload MakeWorkload(const Preset& p, const std::vector<uint8_t>& unique, int tiles,
+                      bool huge_pages) {
   Workload w;
   w.tiles = tiles;
   const size_t rb = p.RecordBytes(kHeadDim);
   const BlockLayout l = Fp16Layout();
   const size_t row = l.fp16_token_elems();
+  const size_t records = kKvHeads * static_cast<size_t>(tiles) * rb;
+  w.memory = Region(records + (kSinkTokens + kTailTokens) * row * sizeof(uint16_t), huge_pages);
+  auto* sink = reinterpret_cast<uint16_t*>(w.memory.data() + records);
+  uint16_t* tail = sink + kSinkTokens * row;
   ctl::Rng rng(100 + tiles);
-  w.sink_block = RandomHalves(kSinkTokens * row, rng);
-  w.tail_block = RandomHalves(kTailTokens * row, rng);
+  RandomHalves(sink, kSinkTokens * row, rng);
+  RandomHalves(tail, kTailTokens * row, rng);
   for (int h = 0; h < kKvHeads; ++h) {
     Head head;
     const size_t k = l.Fp16KeysOffset(0, h) / 2, v = l.Fp16ValuesOffset(0, h) / 2;
-    head.sink = {w.sink_block.data() + k, w.sink_block.data() + v, kSinkTokens, row};
-    head.tail = {w.tail_block.data() + k, w.tail_block.data() + v, kTailTokens, row};
-    head.records.resize(static_cast<size_t>(tiles) * rb);
+    head.sink = {sink + k, sink + v, kSinkTokens, row};
+    head.tail = {tail + k, tail + v, kTailTokens, row};
+    uint8_t* first = w.memory.data() + static_cast<size_t>(h) * tiles * rb;
     for (int i = 0; i < tiles; ++i) {
-      std::memcpy(head.records.data() + i * rb, unique.data() + ((i + 5 * h) % kUniqueTiles) * rb,
-                  rb);
+      std::memcpy(first + i * rb, unique.data() + ((i + 5 * h) % kUniqueTiles) * rb, rb);
+      head.tiles.push_back(first + i * rb);
     }
-    for (int i = 0; i < tiles; ++i) head.tiles.push_back(head.records.data() + i * rb);
     w.heads.push_back(std::move(head));
   }
   w.queries.resize(static_cast<size_t>(kKvHeads) * kHeadsPerKv * kHeadDim);
@@ -320,7 +392,7 @@ Timing TimeSteps(Workers& workers, const Preset& p, const Workload& wl, AttendPr
 // over the batches is the least disturbed figure, the median says how often it held.
 void TileCost(const Preset& p, const std::vector<uint8_t>& unique) {
   constexpr int kTiles = 4, kBatches = 60, kSteps = 200;
-  const Workload wl = MakeWorkload(p, unique, kTiles);
+  const Workload wl = MakeWorkload(p, unique, kTiles, /*huge_pages=*/false);
   std::vector<SequenceView> views;
   for (const Head& h : wl.heads) {
     SequenceView v;
@@ -351,7 +423,7 @@ void TileCost(const Preset& p, const std::vector<uint8_t>& unique) {
 
 int Main(int argc, char** argv) {
   int reps = 15;
-  bool exact = false, warm = false, tile_cost = false;
+  bool exact = false, warm = false, tile_cost = false, huge_pages = false;
   int only_tiles = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--reps=", 7) == 0)
@@ -364,8 +436,12 @@ int Main(int argc, char** argv) {
       tile_cost = true;
     else if (std::strncmp(argv[i], "--tiles=", 8) == 0)
       only_tiles = std::max(1, std::atoi(argv[i] + 8));
+    else if (std::strcmp(argv[i], "--huge-pages") == 0)
+      huge_pages = true;
     else {
-      std::fprintf(stderr, "usage: %s [--reps=N] [--exact] [--warm] [--tiles=N] [--tile-cost]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--reps=N] [--exact] [--warm] [--tiles=N] [--tile-cost] "
+                   "[--huge-pages]\n",
                    argv[0]);
       return 2;
     }
@@ -398,10 +474,18 @@ int Main(int argc, char** argv) {
   const std::vector<uint8_t> unique = UniqueRecords(p);
   std::vector<Workload> loads;
   if (only_tiles > 0) {
-    loads.push_back(MakeWorkload(p, unique, only_tiles));
+    loads.push_back(MakeWorkload(p, unique, only_tiles, huge_pages));
   } else {
-    for (int tiles : {31, 255, 1023}) loads.push_back(MakeWorkload(p, unique, tiles));
+    for (int tiles : {31, 255, 1023}) loads.push_back(MakeWorkload(p, unique, tiles, huge_pages));
   }
+  const Region read_buffer(kReadBytes, huge_pages);
+  g_read_buffer = &read_buffer;
+  size_t total = read_buffer.bytes(), huge = read_buffer.huge_bytes();
+  for (const Workload& wl : loads) total += wl.memory.bytes(), huge += wl.memory.huge_bytes();
+  std::printf("records, fp16 blocks and the read buffer: %s; on huge pages: %.0f of %.0f MiB\n",
+              huge_pages ? "2 MiB pages asked for (--huge-pages, transparent huge pages)"
+                         : "4 KiB pages (huge pages refused; --huge-pages for 2 MiB)",
+              static_cast<double>(huge) / (1 << 20), static_cast<double>(total) / (1 << 20));
 
   std::printf("\n%-8s %-7s %-5s %9s %9s %9s %9s %9s %10s %10s %9s %7s  %s\n", "tokens",
               "threads", "path", "MB/step", "wall ms", "cpu ms", "read GB/s", "limit ms",
