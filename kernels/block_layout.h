@@ -37,8 +37,10 @@ struct BlockLayout {
   KVARN_HD size_t tile_elems() const {
     return static_cast<size_t>(tile_tokens) * static_cast<size_t>(head_dim);
   }
+  // Elements of one (layer, head)'s key row and value row, side by side in a token's row.
+  KVARN_HD size_t fp16_pair_elems() const { return 2 * static_cast<size_t>(head_dim); }
   // Elements of one token in an fp16 block: the distance between a (layer, head)'s rows.
-  KVARN_HD size_t fp16_token_elems() const { return 2 * slots() * static_cast<size_t>(head_dim); }
+  KVARN_HD size_t fp16_token_elems() const { return slots() * fp16_pair_elems(); }
   KVARN_HD size_t fp16_token_bytes() const { return fp16_token_elems() * sizeof(uint16_t); }
   KVARN_HD size_t fp16_block_bytes() const {
     return static_cast<size_t>(tile_tokens) * fp16_token_bytes();
@@ -47,7 +49,7 @@ struct BlockLayout {
   // Byte offsets inside a block; Fp16KeysOffset and Fp16ValuesOffset are token 0's rows.
   KVARN_HD size_t RecordOffset(int layer, int head) const { return slot(layer, head) * record_bytes; }
   KVARN_HD size_t Fp16KeysOffset(int layer, int head) const {
-    return 2 * slot(layer, head) * static_cast<size_t>(head_dim) * sizeof(uint16_t);
+    return slot(layer, head) * fp16_pair_elems() * sizeof(uint16_t);
   }
   KVARN_HD size_t Fp16ValuesOffset(int layer, int head) const {
     return Fp16KeysOffset(layer, head) + static_cast<size_t>(head_dim) * sizeof(uint16_t);

@@ -267,7 +267,7 @@ absl::Status CudaDevicePool::Attend(const SequenceTable& table, int layer, const
   const size_t fbb = layout_.fp16_block_bytes(), pitch = layout_.fp16_token_bytes();
   const size_t layer_off = layout_.Fp16KeysOffset(layer, 0);
   const size_t layer_bytes =
-      static_cast<size_t>(layout_.num_kv_heads) * 2 * layout_.head_dim * sizeof(uint16_t);
+      static_cast<size_t>(layout_.num_kv_heads) * layout_.fp16_pair_elems() * sizeof(uint16_t);
   size_t off = 0;
   const size_t at_fp16 = off;
   off += Align(2 * fbb);

@@ -85,7 +85,7 @@ inline TileSource Fp16BlockSource(const BlockLayout& layout, const uint16_t* blo
   TileSource s;
   s.keys = block;
   s.values = block + layout.head_dim;
-  s.slot_stride = 2 * static_cast<size_t>(layout.head_dim);
+  s.slot_stride = layout.fp16_pair_elems();
   s.row_stride = layout.fp16_token_elems();
   s.dtype = DType::kF16;
   s.frame = Frame::kStorage;

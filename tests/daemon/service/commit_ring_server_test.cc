@@ -23,9 +23,7 @@ using Code = absl::StatusCode;
 class CommitRingServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ServiceHarness::Options o;
-    o.descriptors = true;
-    o.rings = true;
+    ServiceHarness::Options o = ServiceHarness::WithRings();
     o.core.check_commits = true;
     ASSERT_TRUE(h_.Start(o).ok());
   }

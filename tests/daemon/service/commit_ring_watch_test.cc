@@ -71,9 +71,7 @@ class TricklingNeighbour final : public RpcObserver {
 class CommitRingWatchTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ServiceHarness::Options o;
-    o.descriptors = true;
-    o.rings = true;
+    ServiceHarness::Options o = ServiceHarness::WithRings();
     o.ring_options.watch = absl::Milliseconds(1);
     o.ring_options.clock = &clock;
     o.observer = &neighbour;
@@ -286,9 +284,7 @@ absl::Status StartNarrowed(ServiceHarness& h, const std::vector<int>& cpus, bool
   if (sched_setaffinity(0, sizeof(narrow), &narrow) != 0) {
     return absl::InternalError("sched_setaffinity");
   }
-  ServiceHarness::Options o;
-  o.descriptors = true;
-  o.rings = true;
+  ServiceHarness::Options o = ServiceHarness::WithRings();
   o.ring_options.follow_client_cpu = follow;
   o.ring_options.clock = clock;
   const absl::Status started = h.Start(o);

@@ -168,6 +168,14 @@ class ServiceHarness {
     RpcObserver* observer = nullptr;  // sees every unary call the service answers
   };
 
+  // Options that serve commit rings (on the descriptor channel, which they need).
+  static Options WithRings() {
+    Options o;
+    o.descriptors = true;
+    o.rings = true;
+    return o;
+  }
+
   ServiceHarness() = default;
   ~ServiceHarness() { Stop(); }
   ServiceHarness(const ServiceHarness&) = delete;
