@@ -497,8 +497,10 @@ absl::StatusOr<AppendInfo> Session::Append(uint64_t seq, std::span<const uint32_
 
 absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> Session::CommitBatch(
     const std::vector<std::pair<uint64_t, std::vector<uint32_t>>>& items) {
-  std::vector<absl::StatusOr<AppendInfo>> out(items.size(), absl::UnknownError("not sent"));
+  // Every entry of `out` is set below: a refused item's error here, a sent one's from the answer.
+  std::vector<absl::StatusOr<AppendInfo>> out(items.size());
   std::vector<size_t> sent;  // items in the request, by their index in `items`
+  sent.reserve(items.size());
   v1::AppendBatchRequest req;
   *req.mutable_session() = Ref();
   {

@@ -245,9 +245,14 @@ absl::StatusOr<Session::SeqState*> CommitRing::CheckItem(uint64_t seq,
 
 absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitRing::Commit(
     const std::vector<std::pair<uint64_t, std::vector<uint32_t>>>& items) {
-  std::vector<absl::StatusOr<AppendInfo>> out(items.size(), absl::UnknownError("not sent"));
+  // Every entry of `out` is set below: a refused item's error here, a sent one's in Await.
+  std::vector<absl::StatusOr<AppendInfo>> out(items.size());
   std::vector<size_t> sent;  // items in the ring, by their index in `items`
+  std::vector<Session::SeqState*> states;  // theirs (no insert or erase under the session lock)
   std::vector<uint64_t> seqs;
+  sent.reserve(items.size());
+  states.reserve(items.size());
+  seqs.reserve(items.size());
   MutexLock lock(&mu_);
   if (!unusable_.ok()) return Unusable();
   if (!published_.empty()) {
@@ -258,11 +263,13 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitRing::Commit(
   {
     MutexLock s(&session_->mu_);
     for (size_t i = 0; i < items.size(); ++i) {
-      if (auto st = CheckItem(items[i].first, items[i].second); !st.ok()) {
+      auto st = CheckItem(items[i].first, items[i].second);
+      if (!st.ok()) {
         out[i] = st.status();
         continue;
       }
       sent.push_back(i);
+      states.push_back(*st);
     }
     if (sent.empty()) return out;
     if (sent.size() > capacity_) {
@@ -270,10 +277,11 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> CommitRing::Commit(
                                                        " commits exceeds the ring's ", capacity_,
                                                        " records: split it or use CommitBatch"));
     }
-    for (size_t i : sent) {
-      WriteRecord(items[i].first, items[i].second);
-      session_->seqs_[items[i].first].in_ring = true;
-      seqs.push_back(items[i].first);
+    for (size_t k = 0; k < sent.size(); ++k) {
+      const auto& [seq, ids] = items[sent[k]];
+      WriteRecord(seq, ids);
+      states[k]->in_ring = true;
+      seqs.push_back(seq);
     }
   }
   const int cpu = sched_getcpu();

@@ -259,8 +259,9 @@ class KvCore {
 
   absl::StatusOr<AppendResult> AppendImpl(const SessionRef& ref, SequenceId seq, std::span<const uint32_t> token_ids,
                                           const void* keys, const void* values, DType dtype);
-  absl::Status PlanAppend(SessionState& s, SequenceId seq, std::span<const uint32_t> ids, AppendPlan* plan)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Phase A of an append, under the lock; `now` renews the session.
+  absl::Status PlanAppend(SessionState& s, SequenceId seq, std::span<const uint32_t> ids,
+                          absl::Time now, AppendPlan* plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Phase B of an append: the data-plane work outside the lock.
   absl::Status AppendWork(AppendPlan& plan, const void* keys, const void* values, DType dtype);
   // Reports one sealed tile's error and its baselines' to the observer (outside the lock).

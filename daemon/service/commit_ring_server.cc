@@ -337,7 +337,8 @@ bool CommitRingServer::Drain(Ring& r) {
   }
   const absl::Time start = absl::Now();
   // Copy every record out once; only the copies are looked at.
-  std::vector<ring::Record> records(pending);
+  records_.resize(pending);
+  std::vector<ring::Record>& records = records_;
   for (uint32_t i = 0; i < pending; ++i) {
     // The head first; the ids only as many as the copied count says (a count beyond a record
     // is refused below, its ids unread).
@@ -348,9 +349,10 @@ bool CommitRingServer::Drain(Ring& r) {
                     records[i].tokens * sizeof(uint32_t));
     }
   }
-  std::vector<std::pair<SequenceId, std::span<const uint32_t>>> items;
-  std::vector<int> item_of(pending, -1);  // record -> index in items, -1 when refused here
-  items.reserve(pending);
+  std::vector<std::pair<SequenceId, std::span<const uint32_t>>>& items = items_;
+  std::vector<int>& item_of = item_of_;  // record -> index in items, -1 when refused here
+  items.clear();
+  item_of.assign(pending, -1);
   for (uint32_t i = 0; i < pending; ++i) {
     if (records[i].tokens > ring::kRecordTokens) continue;
     item_of[i] = static_cast<int>(items.size());

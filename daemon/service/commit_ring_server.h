@@ -67,6 +67,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/commit_ring.h"
 #include "common/mutex.h"
 #include "common/unique_fd.h"
 #include "daemon/core/clock.h"
@@ -201,6 +202,11 @@ class CommitRingServer {
   cpu_set_t current_{};
   cpu_set_t pinned_{};
   uint64_t ended_seen_ = 0;
+  // Drain thread only: a batch's copies of its records, the items handed to the core and each
+  // record's item, kept from batch to batch (no allocation per batch).
+  std::vector<ring::Record> records_;
+  std::vector<std::pair<SequenceId, std::span<const uint32_t>>> items_;
+  std::vector<int> item_of_;
 };
 
 }  // namespace kvarn
