@@ -10,8 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "client/lib/cuda_pool.h"
 #include "client/lib/descriptor_client.h"
-#include "common/commit_ring.h"
 #include "common/codec_status.h"
+#include "common/commit_ring.h"
+#include "proto/fp16_layout_name.h"
 
 namespace kvarn {
 namespace {
@@ -120,10 +121,7 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
                            absl::ToChronoMilliseconds(options_.rpc_timeout));
     (void)stub_->CloseSession(&close_ctx, close, &closed);
     return absl::FailedPreconditionError(
-        absl::StrCat("kvarnd's fp16 blocks are ",
-                     v1::Fp16Layout_IsValid(resp.pool().fp16_layout())
-                         ? v1::Fp16Layout_Name(resp.pool().fp16_layout())
-                         : absl::StrCat("fp16 layout ", resp.pool().fp16_layout()),
+        absl::StrCat("kvarnd's fp16 blocks are ", Fp16LayoutName(resp.pool().fp16_layout()),
                      " (a kvarnd from before 2026-12-04 says FP16_LAYOUT_UNSPECIFIED); this client "
                      "reads and writes "
                      "FP16_LAYOUT_TOKEN_MAJOR: upgrade kvarnd"));

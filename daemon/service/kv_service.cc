@@ -7,6 +7,7 @@
 #include "common/tsan.h"
 #include "daemon/service/convert.h"
 #include "daemon/service/log.h"
+#include "proto/fp16_layout_name.h"
 
 namespace kvarn {
 namespace {
@@ -196,9 +197,7 @@ grpc::Status KvService::OpenSession(grpc::ServerContext* ctx, const v1::OpenSess
       const std::string why = absl::StrCat(
           "this kvarnd's fp16 blocks (sink blocks, tail slots) are token-major "
           "(FP16_LAYOUT_TOKEN_MAJOR); the client declared ",
-          v1::Fp16Layout_IsValid(req->fp16_layout())
-              ? v1::Fp16Layout_Name(req->fp16_layout())
-              : absl::StrCat("fp16 layout ", req->fp16_layout()),
+          Fp16LayoutName(req->fp16_layout()),
           " (a client library from before 2026-12-04 declares nothing): upgrade the client");
       Log(LogLevel::kWarning, "session_refused",
           {{"tenant", req->tenant()}, {"peer", ctx->peer()}, {"reason", why}});

@@ -38,6 +38,7 @@
 //       until stdin closes.
 #include <errno.h>
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <linux/falloc.h>
 #include <sys/mman.h>
 #include <sys/ptrace.h>
@@ -47,47 +48,27 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <grpcpp/grpcpp.h>
-
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
-#include <map>
 #include <memory>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/lib/client.h"
 #include "client/lib/commit_ring.h"
-#include "common/commit_ring.h"
 #include "client/lib/descriptor_client.h"
+#include "common/commit_ring.h"
+#include "tests/integration/child_flags.h"
 #include "tests/integration/harness.h"
 
 namespace kvarn::it {
 namespace {
-
-void Say(const std::string& line) {
-  std::fputs((line + "\n").c_str(), stdout);
-  std::fflush(stdout);
-}
-
-std::string Flag(const std::map<std::string, std::string>& f, const std::string& k, const std::string& def = "") {
-  auto it = f.find(k);
-  return it == f.end() ? def : it->second;
-}
-
-uint64_t FlagU64(const std::map<std::string, std::string>& f, const std::string& k, uint64_t def = 0) {
-  uint64_t v = def;
-  auto it = f.find(k);
-  if (it != f.end() && !absl::SimpleAtoi(it->second, &v)) v = def;
-  return v;
-}
 
 std::string Unhex(const std::string& hex) {
   std::string out;
@@ -240,7 +221,7 @@ int ProbeSession(v1::KvCache::Stub& stub, const v1::SessionRef& ref, const std::
   return accepted;
 }
 
-int Probe(Client& client, const std::map<std::string, std::string>& f) {
+int Probe(Client& client, const ChildFlags& f) {
   const uint64_t session = FlagU64(f, "session"), epoch = FlagU64(f, "epoch");
   const std::string secret = f.count("secret") ? Unhex(Flag(f, "secret")) : std::string(32, '\0');
   int accepted = 0, total = 0;
@@ -252,7 +233,7 @@ int Probe(Client& client, const std::map<std::string, std::string>& f) {
   return 0;
 }
 
-int KeepAlive(Client& client, const std::map<std::string, std::string>& f) {
+int KeepAlive(Client& client, const ChildFlags& f) {
   const v1::SessionRef ref = Ref(FlagU64(f, "session"), FlagU64(f, "epoch"), std::string(32, '\0'));
   std::atomic<bool> stop{false};
   std::atomic<int> attempts{0}, answered{0};
@@ -278,7 +259,7 @@ int KeepAlive(Client& client, const std::map<std::string, std::string>& f) {
   return 0;
 }
 
-std::unique_ptr<Session> OpenOwn(Client& client, const std::map<std::string, std::string>& f, uint32_t slots) {
+std::unique_ptr<Session> OpenOwn(Client& client, const ChildFlags& f, uint32_t slots) {
   auto d = client.Describe();
   if (!d.ok()) return nullptr;
   SessionOptions o;
@@ -328,7 +309,7 @@ void AttackSealed(const std::string& what, int fd, size_t bytes) {
   // A private copy-on-write mapping is allowed and harmless: it changes only this process's pages.
 }
 
-int Memory(Client& client, const std::map<std::string, std::string>& f) {
+int Memory(Client& client, const ChildFlags& f) {
   std::unique_ptr<Session> own = OpenOwn(client, f, 1);
   if (own == nullptr) return 1;
   auto lent = FetchSessionMemory(client.socket_path() + ".fd", own->Ref());
@@ -404,7 +385,7 @@ int Memory(Client& client, const std::map<std::string, std::string>& f) {
   return 0;
 }
 
-int Impersonate(Client& client, const std::map<std::string, std::string>& f) {
+int Impersonate(Client& client, const ChildFlags& f) {
   auto d = client.Describe();
   if (!d.ok()) return 1;
   SessionOptions o;
@@ -416,7 +397,7 @@ int Impersonate(Client& client, const std::map<std::string, std::string>& f) {
   return 0;
 }
 
-int Hoard(Client& client, const std::map<std::string, std::string>& f) {
+int Hoard(Client& client, const ChildFlags& f) {
   const uint32_t slots = static_cast<uint32_t>(FlagU64(f, "slots", 8));
   std::vector<std::unique_ptr<Session>> held;
   absl::Status last;
@@ -441,7 +422,7 @@ int Hoard(Client& client, const std::map<std::string, std::string>& f) {
   return 0;
 }
 
-int Watchers(Client& client, const std::map<std::string, std::string>& f) {
+int Watchers(Client& client, const ChildFlags& f) {
   std::unique_ptr<Session> own = OpenOwn(client, f, 1);
   if (own == nullptr) return 1;
   const int n = static_cast<int>(FlagU64(f, "n", 100));
@@ -499,7 +480,7 @@ int Watchers(Client& client, const std::map<std::string, std::string>& f) {
   return 0;
 }
 
-int Ring(const std::map<std::string, std::string>& f) {
+int Ring(const ChildFlags& f) {
   ClientOptions co;
   co.rpc_timeout = absl::Seconds(20);
   auto mapped = Client::Connect(Flag(f, "target"), co, absl::Seconds(10));
@@ -595,14 +576,7 @@ int Main(int argc, char** argv) {
     return 2;
   }
   const std::string mode = argv[1];
-  std::map<std::string, std::string> f;
-  for (int i = 2; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a.rfind("--", 0) != 0) continue;
-    a = a.substr(2);
-    const size_t eq = a.find('=');
-    f[a.substr(0, eq)] = eq == std::string::npos ? "1" : a.substr(eq + 1);
-  }
+  const ChildFlags f = ParseChildFlags(argc, argv, 2);
   ClientOptions co;
   co.rpc_timeout = absl::Seconds(20);
   co.map_pool = false;  // the attacker takes its segments by hand

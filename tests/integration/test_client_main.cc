@@ -26,40 +26,22 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
-#include <map>
 #include <string>
 #include <thread>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/lib/client.h"
 #include "client/lib/commit_ring.h"
+#include "tests/integration/child_flags.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/kv_data.h"
 
 namespace kvarn::it {
 namespace {
 
-void Say(const std::string& line) {
-  std::fputs((line + "\n").c_str(), stdout);
-  std::fflush(stdout);
-}
-
 int Fail(const std::string& what, const absl::Status& s) {
   Say(absl::StrCat("ERROR ", what, " code=", static_cast<int>(s.code()), " msg=\"", s.message(), "\""));
   return 1;
-}
-
-std::string Flag(const std::map<std::string, std::string>& f, const std::string& k, const std::string& def = "") {
-  auto it = f.find(k);
-  return it == f.end() ? def : it->second;
-}
-
-uint64_t FlagU64(const std::map<std::string, std::string>& f, const std::string& k, uint64_t def) {
-  auto it = f.find(k);
-  uint64_t v = def;
-  if (it != f.end() && !absl::SimpleAtoi(it->second, &v)) v = def;
-  return v;
 }
 
 void WaitForStdinLine(const std::string& want) {
@@ -77,7 +59,7 @@ std::string TableText(const SequenceTable& t) {
   return s;
 }
 
-int Share(Session& session, const std::map<std::string, std::string>& f) {
+int Share(Session& session, const ChildFlags& f) {
   const uint32_t first = static_cast<uint32_t>(FlagU64(f, "first", 0));
   const size_t len = FlagU64(f, "len", 0);
   const std::vector<uint32_t> prompt = Tokens(first, len);
@@ -102,7 +84,7 @@ int Share(Session& session, const std::map<std::string, std::string>& f) {
   return 0;
 }
 
-int Hold(Session& session, const std::map<std::string, std::string>& f) {
+int Hold(Session& session, const ChildFlags& f) {
   const uint32_t first = static_cast<uint32_t>(FlagU64(f, "first", 0));
   const uint64_t bases = FlagU64(f, "bases", 1), tiles = FlagU64(f, "tiles", 1), forks = FlagU64(f, "forks", 1);
   uint64_t refs = 0, seqs = 0, sink_refs = 0;
@@ -129,7 +111,7 @@ int Hold(Session& session, const std::map<std::string, std::string>& f) {
   return 0;
 }
 
-int Hung(Session& session, const std::map<std::string, std::string>& f) {
+int Hung(Session& session, const ChildFlags& f) {
   const uint32_t first = static_cast<uint32_t>(FlagU64(f, "first", 0));
   const std::vector<uint32_t> prompt = Tokens(first, 2 * kTile + 10);
   auto seq = session.CreateSequence(prompt);
@@ -171,7 +153,7 @@ int Hung(Session& session, const std::map<std::string, std::string>& f) {
   return 0;
 }
 
-int RingLoop(Session& session, const std::map<std::string, std::string>& f) {
+int RingLoop(Session& session, const ChildFlags& f) {
   const int n = static_cast<int>(FlagU64(f, "seqs", 8));
   auto ring = session.OpenCommitRing();
   if (!ring.ok()) return Fail("OpenCommitRing", ring.status());
@@ -206,14 +188,7 @@ int Main(int argc, char** argv) {
     return 2;
   }
   const std::string mode = argv[1];
-  std::map<std::string, std::string> f;
-  for (int i = 2; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a.rfind("--", 0) != 0) continue;
-    a = a.substr(2);
-    const size_t eq = a.find('=');
-    f[a.substr(0, eq)] = eq == std::string::npos ? "1" : a.substr(eq + 1);
-  }
+  const ChildFlags f = ParseChildFlags(argc, argv, 2);
   ClientOptions co;
   co.rpc_timeout = absl::Seconds(20);
   auto client = Client::Connect(Flag(f, "target"), co, absl::Seconds(10));
