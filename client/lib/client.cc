@@ -316,7 +316,7 @@ SequenceTable Session::RememberLocked(uint64_t seq, const v1::BlockTable& table)
   SeqState& st = seqs_[seq];
   if (table.blocks_omitted()) {
     // The daemon left out the block ids: unchanged since the table we hold.
-    std::vector<uint32_t> blocks = std::move(st.table.quant_blocks);
+    BlockIds blocks = std::move(st.table.quant_blocks);
     st.table = FromProto(table);
     st.table.quant_blocks = std::move(blocks);
   } else {

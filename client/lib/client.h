@@ -39,6 +39,7 @@
 
 #include <atomic>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
@@ -98,12 +99,65 @@ struct ClientOptions {
   bool map_pool = true;
 };
 
+// The ids of a sequence's quantized blocks, in order: a list with value semantics whose
+// copies share one array until one of them changes. Every commit returns the sequence's
+// table, and a 128K-token sequence holds 1,024 ids: copying them per commit made a decode
+// step's cost grow with its context (docs/commit_ring.md, "Block tables by reference"). A
+// copy costs one reference count; push_back and assign build a new array, so other copies
+// keep what they held. Reads as a const std::vector<uint32_t> (vector() or the conversion).
+class BlockIds {
+ public:
+  using value_type = uint32_t;
+  using size_type = size_t;
+  using const_iterator = std::vector<uint32_t>::const_iterator;
+  using iterator = const_iterator;
+
+  BlockIds() = default;
+  BlockIds(std::vector<uint32_t> ids)  // NOLINT(google-explicit-constructor): a vector is one
+      : ids_(ids.empty() ? nullptr : std::make_shared<const std::vector<uint32_t>>(std::move(ids))) {}
+  BlockIds(std::initializer_list<uint32_t> ids) : BlockIds(std::vector<uint32_t>(ids)) {}
+
+  const std::vector<uint32_t>& vector() const { return ids_ != nullptr ? *ids_ : Empty(); }
+  operator const std::vector<uint32_t>&() const { return vector(); }  // NOLINT: reads as one
+
+  size_t size() const { return vector().size(); }
+  bool empty() const { return vector().empty(); }
+  uint32_t operator[](size_t i) const { return vector()[i]; }
+  uint32_t front() const { return vector().front(); }
+  uint32_t back() const { return vector().back(); }
+  const uint32_t* data() const { return vector().data(); }
+  const_iterator begin() const { return vector().begin(); }
+  const_iterator end() const { return vector().end(); }
+
+  void push_back(uint32_t id) {
+    std::vector<uint32_t> ids;
+    ids.reserve(size() + 1);
+    ids.assign(begin(), end());
+    ids.push_back(id);
+    *this = BlockIds(std::move(ids));
+  }
+  template <class It>
+  void assign(It first, It last) {
+    *this = BlockIds(std::vector<uint32_t>(first, last));
+  }
+
+  friend bool operator==(const BlockIds& a, const BlockIds& b) { return a.vector() == b.vector(); }
+  friend bool operator==(const BlockIds& a, const std::vector<uint32_t>& b) { return a.vector() == b; }
+
+ private:
+  static const std::vector<uint32_t>& Empty() {
+    static const std::vector<uint32_t> empty;
+    return empty;
+  }
+  std::shared_ptr<const std::vector<uint32_t>> ids_;
+};
+
 // A sequence's blocks as the client last saw them.
 struct SequenceTable {
   uint64_t tokens = 0;
   bool has_sink = false;
   uint32_t sink_block = 0;
-  std::vector<uint32_t> quant_blocks;
+  BlockIds quant_blocks;
   uint32_t tail_slot = 0;
   uint32_t tail_tokens = 0;
 };

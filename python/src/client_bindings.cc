@@ -193,8 +193,9 @@ every layer and kv-head); ``tail_slot`` (this session's fp16 tail slot) and ``ta
       .def_readonly("tokens", &SequenceTable::tokens, "Committed tokens.")
       .def_readonly("has_sink", &SequenceTable::has_sink, "Whether sink_block is valid.")
       .def_readonly("sink_block", &SequenceTable::sink_block, "fp16 sink block id.")
-      .def_readonly("quant_blocks", &SequenceTable::quant_blocks,
-                    "Quantized block ids in order (list).")
+      .def_property_readonly(
+          "quant_blocks", [](const SequenceTable& t) { return t.quant_blocks.vector(); },
+          "Quantized block ids in order (list).")
       .def_readonly("tail_slot", &SequenceTable::tail_slot,
                     "The session's tail slot of this sequence.")
       .def_readonly("tail_tokens", &SequenceTable::tail_tokens,

@@ -610,3 +610,96 @@ TEST_F(CommitRingTest, EndedSessionIsTheCallsNotFoundAndClosesTheRing) {
 
 }  // namespace
 }  // namespace kvarn::testing
+
+namespace kvarn::testing {
+namespace {
+
+// BlockIds, the table's list of quantized block ids: copies share one array, changes build a
+// new one and leave the other copies as they were.
+TEST(BlockIdsTest, CopiesShareTheArrayAndChangesLeaveOtherCopiesAlone) {
+  const BlockIds none;
+  EXPECT_TRUE(none.empty());
+  EXPECT_EQ(none.size(), 0u);
+  EXPECT_EQ(none, std::vector<uint32_t>{});
+  EXPECT_EQ(BlockIds(std::vector<uint32_t>{}), none);
+
+  BlockIds a = {4, 9, 2};
+  const BlockIds b = a;
+  EXPECT_EQ(b.data(), a.data()) << "a copy shares the array";
+  a.push_back(7);
+  EXPECT_NE(a.data(), b.data());
+  EXPECT_EQ(a, (std::vector<uint32_t>{4, 9, 2, 7}));
+  EXPECT_EQ(b, (std::vector<uint32_t>{4, 9, 2})) << "the other copy keeps what it held";
+  EXPECT_EQ(b.front(), 4u);
+  EXPECT_EQ(b.back(), 2u);
+  EXPECT_EQ(b[1], 9u);
+  const std::vector<uint32_t>& v = b;
+  EXPECT_EQ(v.data(), b.data());
+  std::vector<uint32_t> seen(b.begin(), b.end());
+  EXPECT_EQ(seen, b.vector());
+
+  const std::vector<uint32_t> src = {1, 2};
+  BlockIds c = b;
+  c.assign(src.begin(), src.end());
+  EXPECT_EQ(c, src);
+  EXPECT_EQ(b.size(), 3u);
+  c.assign(src.begin(), src.begin());
+  EXPECT_TRUE(c.empty());
+  EXPECT_FALSE(c == b);
+}
+
+// A commit that seals nothing hands back the session's own array of block ids, by ring or by
+// CommitBatch (no copy of the table per decode step); a table returned earlier keeps its ids
+// when a later seal adds one.
+TEST_F(CommitRingTest, CommitsShareTheTablesBlockIdsAndEarlierResultsKeepTheirs) {
+  Session* s = Open("tenant-a");
+  auto ring = s->OpenCommitRing();
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  const uint64_t q = Sequences(s, 1)[0];
+  uint32_t token = 0;
+  // Commits one staged token through the ring (or CommitBatch) and returns its result.
+  const auto step = [&](bool by_ring) -> absl::StatusOr<AppendInfo> {
+    const std::vector<float> kv = TestKv(1, token);
+    if (absl::Status st = s->Stage(q, 1, kv.data(), kv.data(), DType::kF32); !st.ok()) return st;
+    const Items items = {{q, TestTokenIds(token++, 1)}};
+    auto r = by_ring ? (*ring)->Commit(items) : s->CommitBatch(items);
+    if (!r.ok()) return r.status();
+    return (*r)[0];
+  };
+  absl::StatusOr<AppendInfo> first = absl::UnknownError("no seal");
+  for (int i = 0; i < 4 * s->block_layout().tile_tokens; ++i) {
+    auto r = step(true);
+    ASSERT_TRUE(r.ok()) << r.status();
+    if (!r->table.quant_blocks.empty()) {
+      first = *r;
+      break;
+    }
+  }
+  ASSERT_TRUE(first.ok()) << "a quantized block was sealed";
+  ASSERT_EQ(first->table.quant_blocks.size(), 1u);
+  for (bool by_ring : {true, false}) {
+    auto r = step(by_ring);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_FALSE(r->sealed);
+    EXPECT_EQ(r->table.quant_blocks.data(), first->table.quant_blocks.data())
+        << (by_ring ? "ring" : "CommitBatch");
+    EXPECT_EQ(s->Table(q)->quant_blocks.data(), first->table.quant_blocks.data());
+  }
+  absl::StatusOr<AppendInfo> second = absl::UnknownError("no second seal");
+  for (int i = 0; i < 2 * s->block_layout().tile_tokens; ++i) {
+    auto r = step(true);
+    ASSERT_TRUE(r.ok()) << r.status();
+    if (r->sealed) {
+      second = *r;
+      break;
+    }
+  }
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_EQ(second->table.quant_blocks.size(), 2u);
+  EXPECT_EQ(second->table.quant_blocks[0], first->table.quant_blocks[0]);
+  EXPECT_EQ(first->table.quant_blocks.size(), 1u) << "an earlier result keeps its ids";
+  EXPECT_EQ(s->Table(q)->quant_blocks.data(), second->table.quant_blocks.data());
+}
+
+}  // namespace
+}  // namespace kvarn::testing
