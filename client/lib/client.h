@@ -48,8 +48,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "common/mutex.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 #include "common/shared_memory.h"
 #include "kernels/block_layout.h"
 #include "kernels/codec.h"
@@ -114,7 +114,8 @@ class BlockIds {
 
   BlockIds() = default;
   BlockIds(std::vector<uint32_t> ids)  // NOLINT(google-explicit-constructor): a vector is one
-      : ids_(ids.empty() ? nullptr : std::make_shared<const std::vector<uint32_t>>(std::move(ids))) {}
+      : ids_(ids.empty() ? nullptr
+                         : std::make_shared<const std::vector<uint32_t>>(std::move(ids))) {}
   BlockIds(std::initializer_list<uint32_t> ids) : BlockIds(std::vector<uint32_t>(ids)) {}
 
   const std::vector<uint32_t>& vector() const { return ids_ != nullptr ? *ids_ : Empty(); }
@@ -142,7 +143,9 @@ class BlockIds {
   }
 
   friend bool operator==(const BlockIds& a, const BlockIds& b) { return a.vector() == b.vector(); }
-  friend bool operator==(const BlockIds& a, const std::vector<uint32_t>& b) { return a.vector() == b; }
+  friend bool operator==(const BlockIds& a, const std::vector<uint32_t>& b) {
+    return a.vector() == b;
+  }
 
  private:
   static const std::vector<uint32_t>& Empty() {

@@ -391,7 +391,8 @@ int Main(int argc, char** argv) {
     const int long_tiles = quick ? 256 : 1024;
     s.Release(batch).IgnoreError();
     std::vector<uint32_t> prompt(static_cast<size_t>(long_tiles) * g);
-    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = (1u << 28) + static_cast<uint32_t>(i);  // no other phase's ids
+    for (size_t i = 0; i < prompt.size(); ++i)
+      prompt[i] = (1u << 28) + static_cast<uint32_t>(i);  // no other phase's ids
     const uint64_t builder = s.CreateSequence({})->id;
     const std::vector<uint16_t> tile_kv = kv(g);
     bool built = true;
@@ -417,10 +418,12 @@ int Main(int argc, char** argv) {
       run_steps(g, ring_commit, NoPublish{});  // fresh slots (page faults) and a seal: not reported
       const StepTimes lw = run_steps(steps, ring_commit, NoPublish{});
       const Percentiles lc = Summarize(lw.commit);
-      Report(Fmt("ring commit, tables of %.0f blocks", static_cast<double>(s.Table(batch[0])->quant_blocks.size())),
+      Report(Fmt("ring commit, tables of %.0f blocks",
+                 static_cast<double>(s.Table(batch[0])->quant_blocks.size())),
              Fmt("p50 %.1f us", lc.p50), Fmt("p99 %.1f us", lc.p99),
              Fmt("%.2fx the short tables' p50 ", lc.p50 / rc.p50) +
-                 std::string(lc.p50 <= 50 ? "(met, target p50 <= 50 us)" : "(missed, target p50 <= 50 us)"));
+                 std::string(lc.p50 <= 50 ? "(met, target p50 <= 50 us)"
+                                          : "(missed, target p50 <= 50 us)"));
     }
   }
   s.Release(batch).IgnoreError();
