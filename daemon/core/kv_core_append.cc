@@ -146,16 +146,17 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendResult>>> KvCore::AppendBatch(
 absl::Status KvCore::AppendWork(AppendPlan& plan, const void* keys, const void* values, DType dtype) {
   // The sequence is busy, so its slot and the kSealing block are ours alone.
   absl::Status work;
-  // Only a seal's latency is reported: no clock reading per token of a decode step.
-  const absl::Time start =
-      plan.seal && plan.own_block && observer_ != nullptr ? clock_->Now() : absl::Time();
+  // This call encodes a tile; only then is a latency reported (no clock reading per token of a
+  // decode step).
+  const bool seals = plan.seal && plan.own_block;
+  const absl::Time start = seals && observer_ != nullptr ? clock_->Now() : absl::Time();
   if (keys != nullptr) work = sealer_->WriteTokens(plan.slot, plan.first, plan.n, keys, values, dtype);
   // Inline K/V were checked as they were written; staged ones are checked at commit unless
   // configured not to. Either way a seal validates the whole tile again (the encoder refuses
   // NaN/Inf, the sink copy is scanned), which also catches a client rewriting committed tokens.
   if (work.ok() && keys == nullptr && config_.check_commits) work = sealer_->CheckTokens(plan.slot, plan.first, plan.n);
   bool sample = false;
-  if (work.ok() && plan.seal && plan.own_block) {
+  if (work.ok() && seals) {
     uint8_t* dst = BlockPtr(plan.block);
     work = plan.cls == BlockClass::kSink ? sealer_->SealSink(plan.slot, dst) : sealer_->SealQuantized(plan.slot, dst);
     if (observer_ != nullptr && work.ok()) observer_->OnSeal(plan.cls == BlockClass::kSink, clock_->Now() - start);

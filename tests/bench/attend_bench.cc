@@ -240,12 +240,10 @@ void Evict(int worker) {
   EvictByReading(b.data(), b.size());
 }
 
-// The streaming read's buffer, kReadBytes on the pages of the step's data (Main sets it).
-const Region* g_read_buffer = nullptr;
-
-// One streaming read of the kReadBytes buffer split between the workers: bytes/s, wall clock.
-double StreamReadOnce(Workers& workers) {
-  const auto* words = reinterpret_cast<const uint64_t*>(g_read_buffer->data());
+// One streaming read of `buffer` (kReadBytes, on the pages of the step's data) split between
+// the workers: bytes/s, wall clock.
+double StreamReadOnce(Workers& workers, const Region& buffer) {
+  const auto* words = reinterpret_cast<const uint64_t*>(buffer.data());
   workers.Run([&](int w) {
     const size_t n = kReadBytes / sizeof(uint64_t) / static_cast<size_t>(workers.size());
     const uint64_t* p = words + static_cast<size_t>(w) * n;
@@ -354,15 +352,15 @@ struct Timing {
 // Before each step, one streaming read by the same workers (StreamReadOnce), so that the read
 // limit comes from the same minutes as the steps: this VM's neighbours moved both by tens of
 // percent from one minute to the next. With --warm the reads come first, all of them.
-Timing TimeSteps(Workers& workers, const Preset& p, const Workload& wl, AttendPrecision precision,
-                 int reps, bool warm) {
+Timing TimeSteps(Workers& workers, const Region& read_buffer, const Preset& p, const Workload& wl,
+                 AttendPrecision precision, int reps, bool warm) {
   std::vector<float> out(static_cast<size_t>(kKvHeads) * kHeadsPerKv * kHeadDim);
   std::vector<double> wall, cpu, read;
   std::vector<double> worker_cpu(static_cast<size_t>(workers.size()));
   // --warm: the reads first, since a read (8x the L3) would leave the step cold.
-  for (int rep = 0; warm && rep < reps; ++rep) read.push_back(StreamReadOnce(workers));
+  for (int rep = 0; warm && rep < reps; ++rep) read.push_back(StreamReadOnce(workers, read_buffer));
   for (int rep = 0; rep < reps + 1; ++rep) {  // the first step warms code and scratch
-    if (rep > 0 && !warm) read.push_back(StreamReadOnce(workers));
+    if (rep > 0 && !warm) read.push_back(StreamReadOnce(workers, read_buffer));
     workers.Run([&](int w) {
       if (!warm) Evict(w);
       workers.Sync();
@@ -479,7 +477,6 @@ int Main(int argc, char** argv) {
     for (int tiles : {31, 255, 1023}) loads.push_back(MakeWorkload(p, unique, tiles, huge_pages));
   }
   const Region read_buffer(kReadBytes, huge_pages);
-  g_read_buffer = &read_buffer;
   size_t total = read_buffer.bytes(), huge = read_buffer.huge_bytes();
   for (const Workload& wl : loads) total += wl.memory.bytes(), huge += wl.memory.huge_bytes();
   std::printf("records, fp16 blocks and the read buffer: %s; on huge pages: %.0f of %.0f MiB\n",
@@ -499,7 +496,7 @@ int Main(int argc, char** argv) {
       const Workload& wl = loads[li];
       for (AttendPrecision prec : {AttendPrecision::kFast, AttendPrecision::kExact}) {
         if (prec == AttendPrecision::kExact && !exact) continue;
-        const Timing t = TimeSteps(workers, p, wl, prec, reps, warm);
+        const Timing t = TimeSteps(workers, read_buffer, p, wl, prec, reps, warm);
         const size_t k = 2 * li + (prec == AttendPrecision::kExact ? 1 : 0);
         if (n == 1) one_thread_wall[k] = t.wall_s, one_thread_cpu[k] = t.cpu_s;
         char speedup[96] = "";
