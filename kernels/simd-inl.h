@@ -119,21 +119,27 @@ HWY_INLINE void CrossStages(VF* v) {
   }
 }
 
-// The transform stages that pair elements of one chunk of kVecs vectors, in registers: the
+// The transform stages that pair elements of one chunk of kVecs vectors, on registers: the
 // stages within vectors, then those across the chunk's vectors. `norm`, when given, is applied
 // at the end (the chunk is the whole row).
+template <size_t kVecs>
+HWY_INLINE void FwhtVecs(VF* v, const float* norm) {
+  InLaneStages<kVecs>(v);
+  CrossStages<kVecs, 1>(v);
+  if (norm != nullptr) {
+    const VF nv = hn::Set(DF(), *norm);
+    for (size_t i = 0; i < kVecs; ++i) v[i] = hn::Mul(v[i], nv);
+  }
+}
+
+// FwhtVecs of the kVecs vectors at p, in place.
 template <size_t kVecs>
 HWY_INLINE void FwhtChunk(float* HWY_RESTRICT p, const float* norm) {
   const DF df;
   const size_t N = hn::Lanes(df);
   VF v[kVecs];
   for (size_t i = 0; i < kVecs; ++i) v[i] = hn::LoadU(df, p + i * N);
-  InLaneStages<kVecs>(v);
-  CrossStages<kVecs, 1>(v);
-  if (norm != nullptr) {
-    const VF nv = hn::Set(df, *norm);
-    for (size_t i = 0; i < kVecs; ++i) v[i] = hn::Mul(v[i], nv);
-  }
+  FwhtVecs<kVecs>(v, norm);
   for (size_t i = 0; i < kVecs; ++i) hn::StoreU(v[i], df, p + i * N);
 }
 

@@ -1,7 +1,11 @@
-// SIMD StoreTokens: a vectorized check of every value (NaN, Inf, fp16 range) and of every
-// row's norm (a row can only overflow fp16 once rotated if its L2 norm exceeds the fp16 range;
-// such rare rows go to the exact scalar check), then widen, rotate (in-register
-// Walsh-Hadamard) and narrow to fp16, one row of head_dim values at a time.
+// SIMD StoreTokens: a check of every value, then widen, rotate (in-register Walsh-Hadamard)
+// and narrow to fp16, one row of head_dim values at a time.
+//
+// The check has three levels, each taken only when the one before cannot vouch for the
+// values: the largest magnitude bits (small enough that no row can overflow fp16 once
+// rotated, which real K/V almost always are); then every row's norm (a row can only overflow
+// once rotated if its L2 norm exceeds the fp16 range); then the exact scalar check, which
+// names the first bad element.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/simd_store.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -11,8 +15,12 @@
 // clang-format on
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
 
 #include "hwy/cache_control.h"
+#include "kernels/fp16.h"
 #include "kernels/store_tokens.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -46,11 +54,85 @@ bool ValuesPlainlyFine(const BlockLayout& layout, int n, const void* keys, const
   return hn::AllFalse(df, bad);
 }
 
-CodecStatus StoreTokensImpl(const Preset& preset, const BlockLayout& layout, uint8_t* slot, int first,
-                            int n, const void* keys, const void* values, DType dtype) {
-  if (!ValuesPlainlyFine(layout, n, keys, values, dtype)) {
-    KVARN_RETURN_IF_ERROR(CheckStoreTokens(preset, layout, first, n, keys, values, dtype));
+// The magnitude up to which a value needs no further check: the fp16 range, and where the
+// preset rotates, small enough that no row can overflow once rotated (a rotated element is at
+// most the row's L2 norm, at most sqrt(d) times the row's largest magnitude; 0.98 of the
+// range leaves room for the float arithmetic computing the bound).
+float PlainMagnitude(const Preset& preset, size_t d) {
+  return preset.rotates() ? 65504.0f * std::sqrt(0.98f / static_cast<float>(d)) : 65504.0f;
+}
+
+// True when no value of `in` has a magnitude above `limit` (NaN and Inf have): the largest
+// magnitude's bits against the limit's, as unsigned integers (binary16 and binary32 order
+// non-negative values like their bit patterns, NaN above Inf above every finite value).
+template <typename T>
+bool BitsWithin(const T* HWY_RESTRICT p, size_t count, T limit_bits) {
+  const hn::ScalableTag<T> du;
+  const size_t N = hn::Lanes(du);
+  const T mag_mask = std::numeric_limits<T>::max() >> 1;
+  const auto mag = hn::Set(du, mag_mask);
+  auto m0 = hn::Zero(du), m1 = hn::Zero(du);
+  size_t i = 0;
+  for (; i + 2 * N <= count; i += 2 * N) {
+    m0 = hn::Max(m0, hn::And(hn::LoadU(du, p + i), mag));
+    m1 = hn::Max(m1, hn::And(hn::LoadU(du, p + i + N), mag));
   }
+  HWY_ALIGN T lanes[HWY_MAX_BYTES / sizeof(T)];
+  hn::Store(hn::Max(m0, m1), du, lanes);
+  T m = 0;
+  for (size_t j = 0; j < N; ++j) m = std::max(m, lanes[j]);
+  for (; i < count; ++i) m = std::max(m, static_cast<T>(p[i] & mag_mask));
+  return m <= limit_bits;
+}
+bool MagnitudesWithin(const void* in, size_t count, DType dtype, float limit) {
+  if (dtype == DType::kF32) {
+    uint32_t bits;
+    std::memcpy(&bits, &limit, sizeof(bits));
+    return BitsWithin(static_cast<const uint32_t*>(in), count, bits);
+  }
+  uint16_t bits = FloatToHalf(limit);  // the largest binary16 not above the limit
+  if (HalfToFloat(bits) > limit) --bits;
+  return BitsWithin(static_cast<const uint16_t*>(in), count, bits);
+}
+
+// The rows of tokens [first, first + n) written into the slot: widened, rotated where the
+// preset rotates, narrowed. Rows of kVecs vectors stay in registers throughout.
+template <size_t kVecs>
+void StoreRowsInRegisters(const Preset& preset, const BlockLayout& layout, uint8_t* slot, int first,
+                          int n, const void* keys, const void* values, DType dtype) {
+  const DF df;
+  const size_t N = hn::Lanes(df), d = static_cast<size_t>(layout.head_dim);
+  // FwhtRows' normalization of a row that is one chunk.
+  const float norm = 1.0f / std::sqrt(static_cast<float>(d));
+  for (int t = 0; t < n; ++t) {
+    for (int l = 0; l < layout.num_layers; ++l) {
+      for (int h = 0; h < layout.num_kv_heads; ++h) {
+        const size_t src = (static_cast<size_t>(t) * layout.slots() + layout.slot(l, h)) * d;
+        for (int which = 0; which < 2; ++which) {
+          const void* in = which == 0 ? keys : values;
+          VF v[kVecs];
+          for (size_t i = 0; i < kVecs; ++i) {
+            v[i] = dtype == DType::kF32 ? hn::LoadU(df, static_cast<const float*>(in) + src + i * N)
+                                        : LoadHalf(static_cast<const uint16_t*>(in) + src + i * N);
+          }
+          if (preset.rotates()) FwhtVecs<kVecs>(v, &norm);
+          const size_t off =
+              which == 0 ? layout.Fp16KeysOffset(l, h) : layout.Fp16ValuesOffset(l, h);
+          // Plain stores: the commit's scan reads the token's run (contiguous, token-major)
+          // right after, from the caches (docs/commit_ring.md: non-temporal stores left it
+          // to read from memory, 92-97 us for a 64-sequence step against 23-41 us).
+          auto* dst = reinterpret_cast<uint16_t*>(
+              slot + off + static_cast<size_t>(first + t) * layout.fp16_token_bytes());
+          for (size_t i = 0; i < kVecs; ++i) StoreHalf(v[i], dst + i * N);
+        }
+      }
+    }
+  }
+}
+
+// The same for rows longer than FwhtRows keeps in registers, through a row buffer.
+void StoreRowsThroughMemory(const Preset& preset, const BlockLayout& layout, uint8_t* slot,
+                            int first, int n, const void* keys, const void* values, DType dtype) {
   const DF df;
   const size_t N = hn::Lanes(df), d = static_cast<size_t>(layout.head_dim);
   alignas(64) float row[512];
@@ -66,16 +148,43 @@ CodecStatus StoreTokensImpl(const Preset& preset, const BlockLayout& layout, uin
             hn::Store(v, df, row + c);
           }
           if (preset.rotates()) FwhtRows(row, 1, d);
-          const size_t off = which == 0 ? layout.Fp16KeysOffset(l, h) : layout.Fp16ValuesOffset(l, h);
-          // Plain stores: the commit's scan reads the token's run (contiguous, token-major)
-          // right after, from the caches (docs/commit_ring.md: non-temporal stores left it
-          // to read from memory, 92-97 us for a 64-sequence step against 23-41 us).
+          const size_t off =
+              which == 0 ? layout.Fp16KeysOffset(l, h) : layout.Fp16ValuesOffset(l, h);
           auto* dst = reinterpret_cast<uint16_t*>(
               slot + off + static_cast<size_t>(first + t) * layout.fp16_token_bytes());
           for (size_t c = 0; c < d; c += N) StoreHalf(hn::Load(df, row + c), dst + c);
         }
       }
     }
+  }
+}
+
+CodecStatus StoreTokensImpl(const Preset& preset, const BlockLayout& layout, uint8_t* slot,
+                            int first, int n, const void* keys, const void* values, DType dtype) {
+  const size_t d = static_cast<size_t>(layout.head_dim);
+  const size_t count = static_cast<size_t>(n) * layout.slots() * d;
+  const float plain = PlainMagnitude(preset, d);
+  if (!(MagnitudesWithin(keys, count, dtype, plain) &&
+        MagnitudesWithin(values, count, dtype, plain)) &&
+      !ValuesPlainlyFine(layout, n, keys, values, dtype)) {
+    KVARN_RETURN_IF_ERROR(CheckStoreTokens(preset, layout, first, n, keys, values, dtype));
+  }
+  switch (d / hn::Lanes(DF())) {  // FwhtRows keeps rows of up to 8 vectors in registers
+    case 1:
+      StoreRowsInRegisters<1>(preset, layout, slot, first, n, keys, values, dtype);
+      break;
+    case 2:
+      StoreRowsInRegisters<2>(preset, layout, slot, first, n, keys, values, dtype);
+      break;
+    case 4:
+      StoreRowsInRegisters<4>(preset, layout, slot, first, n, keys, values, dtype);
+      break;
+    case 8:
+      StoreRowsInRegisters<8>(preset, layout, slot, first, n, keys, values, dtype);
+      break;
+    default:
+      StoreRowsThroughMemory(preset, layout, slot, first, n, keys, values, dtype);
+      break;
   }
   return {};
 }

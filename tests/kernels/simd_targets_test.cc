@@ -5,6 +5,8 @@
 // hide on the development machine's target and show on a user's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -150,6 +152,117 @@ TEST_P(SimdTargetTest, AttendsLikeTheReference) {
       ASSERT_TRUE(Codec::Simd().AttendDecode(p, d, q.data(), kHeads, seq, got.data(), 0.0f, nullptr,
                                                AttendPrecision::kExact).ok());
       EXPECT_LT(test::RelL2(got.data(), want.data(), want.size()), 1e-5);
+    }
+  }
+}
+
+// StoreTokens' layout: 3 layers x 2 kv-heads, 4 tokens.
+BlockLayout StoreLayout(const Preset& p, int d) {
+  BlockLayout l;
+  l.num_layers = 3;
+  l.num_kv_heads = 2;
+  l.head_dim = d;
+  l.tile_tokens = p.tile_tokens;
+  l.record_bytes = p.RecordBytes(d);
+  return l;
+}
+constexpr int kStoreTokens = 4;
+
+// Tokens that take each level of the SIMD StoreTokens check (kernels/simd_store.cc): token 0
+// small values (the magnitude bound vouches for them), token 1 one value of 20,000 in every
+// row (beyond the bound of the rotating presets, yet every row's norm is well inside the
+// fp16 range), token 2 rows of Gaussian values of spread 6,000 (rows' norms beyond the fp16
+// range, left to the exact check, yet no rotated value overflows), token 3 small again.
+std::vector<float> StoreValues(const BlockLayout& l, uint32_t seed) {
+  const size_t per_token = l.slots() * static_cast<size_t>(l.head_dim);
+  std::vector<float> x = Gaussian(kStoreTokens * per_token, seed, 2.0f);
+  for (size_t r = 0; r < l.slots(); ++r) x[per_token + r * l.head_dim + r % l.head_dim] = 20000.0f;
+  const std::vector<float> wide = Gaussian(per_token, seed + 7, 6000.0f);
+  for (size_t i = 0; i < per_token; ++i)
+    x[2 * per_token + i] = std::clamp(wide[i], -60000.0f, 60000.0f);
+  return x;
+}
+
+TEST_P(SimdTargetTest, StoresTokensLikeTheReference) {
+  for (const char* name : kPresets) {
+    const Preset p = MustParse(name);
+    for (int d : {64, 128, 512}) {
+      const BlockLayout l = StoreLayout(p, d);
+      const std::vector<float> k = StoreValues(l, 300 + d), v = StoreValues(l, 400 + d);
+      const std::vector<uint16_t> kh = test::ToHalf(k), vh = test::ToHalf(v);
+      for (DType dtype : {DType::kF32, DType::kF16}) {
+        SCOPED_TRACE(::testing::Message()
+                     << name << " D=" << d << (dtype == DType::kF16 ? " f16" : " f32"));
+        const void* keys = dtype == DType::kF16 ? static_cast<const void*>(kh.data()) : k.data();
+        const void* values = dtype == DType::kF16 ? static_cast<const void*>(vh.data()) : v.data();
+        const int first = p.tile_tokens - kStoreTokens;
+        std::vector<uint8_t> want(l.fp16_block_bytes(), 0xAB), got(want.size(), 0xAB);
+        ASSERT_TRUE(Codec::Reference()
+                        .StoreTokens(p, l, want.data(), first, kStoreTokens, keys, values, dtype)
+                        .ok());
+        ASSERT_TRUE(Codec::Simd()
+                        .StoreTokens(p, l, got.data(), first, kStoreTokens, keys, values, dtype)
+                        .ok());
+        EXPECT_TRUE(got == want);
+      }
+    }
+  }
+}
+
+// Every non-finite or out-of-range value is refused by every target, wherever it lies
+// (first, middle, last), and nothing is written; so is a row in range whose rotation
+// overflows, which the magnitude bound must not let through.
+TEST_P(SimdTargetTest, StoreTokensRefusesEachBadValueWritingNothing) {
+  for (const char* name : {"kvarn_k4v2_g128", "fp16"}) {
+    const Preset p = MustParse(name);
+    const int d = 128;
+    const BlockLayout l = StoreLayout(p, d);
+    const std::vector<float> good = Gaussian(kStoreTokens * l.slots() * d, 500, 2.0f);
+    const std::vector<uint16_t> good_h = test::ToHalf(good);
+    const size_t count = good.size();
+    for (size_t at : {size_t{0}, count / 2 + 3, count - 1}) {
+      for (uint16_t bad :
+           {uint16_t{0x7C00}, uint16_t{0xFC00}, uint16_t{0x7E00}, uint16_t{0xFE01}}) {
+        for (int which = 0; which < 2; ++which) {
+          SCOPED_TRACE(::testing::Message()
+                       << name << " f16 " << std::hex << bad << std::dec << " at " << at
+                       << (which == 0 ? " in keys" : " in values"));
+          std::vector<uint16_t> k = good_h, v = good_h;
+          (which == 0 ? k : v)[at] = bad;
+          std::vector<uint8_t> slot(l.fp16_block_bytes(), 0x5A);
+          EXPECT_EQ(
+              Codec::Simd()
+                  .StoreTokens(p, l, slot.data(), 0, kStoreTokens, k.data(), v.data(), DType::kF16)
+                  .code(),
+              CodecCode::kInvalidArgument);
+          EXPECT_TRUE(std::all_of(slot.begin(), slot.end(), [](uint8_t b) { return b == 0x5A; }));
+        }
+      }
+      for (float bad : {70000.0f, -70000.0f, INFINITY, -NAN}) {
+        SCOPED_TRACE(::testing::Message() << name << " f32 " << bad << " at " << at);
+        std::vector<float> v = good;
+        v[at] = bad;
+        std::vector<uint8_t> slot(l.fp16_block_bytes(), 0x5A);
+        EXPECT_EQ(
+            Codec::Simd()
+                .StoreTokens(p, l, slot.data(), 0, kStoreTokens, good.data(), v.data(), DType::kF32)
+                .code(),
+            CodecCode::kInvalidArgument);
+        EXPECT_TRUE(std::all_of(slot.begin(), slot.end(), [](uint8_t b) { return b == 0x5A; }));
+      }
+    }
+    // In range, but one row of 6,000s rotates to 6,000 x sqrt(128) = 67,882 in its first
+    // channel: beyond fp16 for the rotating preset only.
+    std::vector<uint16_t> k = good_h;
+    std::fill(k.begin() + 5 * d, k.begin() + 6 * d, FloatToHalf(6000.0f));
+    std::vector<uint8_t> slot(l.fp16_block_bytes(), 0x5A);
+    const CodecStatus s = Codec::Simd().StoreTokens(p, l, slot.data(), 0, kStoreTokens, k.data(),
+                                                    good_h.data(), DType::kF16);
+    if (p.rotates()) {
+      EXPECT_EQ(s.code(), CodecCode::kInvalidArgument) << name;
+      EXPECT_TRUE(std::all_of(slot.begin(), slot.end(), [](uint8_t b) { return b == 0x5A; }));
+    } else {
+      EXPECT_TRUE(s.ok()) << name;
     }
   }
 }
