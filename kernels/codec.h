@@ -70,6 +70,11 @@ struct SequenceView {
   Fp16Run sink;
   std::span<const uint8_t* const> tiles;
   Fp16Run tail;
+  // Optional, a hint: the view the caller attends next (the next kv-head of the layer, say).
+  // The SIMD codec fetches its first records and its fp16 rows toward the caches while it
+  // works on this view's last tiles, so that the next call does not start by waiting on
+  // memory. Results never depend on it; it must stay valid for the call.
+  const SequenceView* next = nullptr;
 };
 
 // How decode attention folds the quantized tiles.

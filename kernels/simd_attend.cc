@@ -570,6 +570,29 @@ void AttendTileFast(const Preset& p, size_t d, int heads, const uint8_t* record,
 }
 #endif  // KVARN_ATTEND_AVX2INT
 
+// The record `i` tiles into the sequence, counting on into the next view's (the hint of
+// SequenceView::next) past the last; null past both.
+const uint8_t* RecordAhead(const SequenceView& seq, size_t i) {
+  if (i < seq.tiles.size()) return seq.tiles[i];
+  if (seq.next == nullptr) return nullptr;
+  i -= seq.tiles.size();
+  return i < seq.next->tiles.size() ? seq.next->tiles[i] : nullptr;
+}
+
+// Requests the fp16 rows of the view attended next, at once: they arrive while this call
+// merges and the next one begins (its first records were fetched by RecordAhead).
+void PrefetchFp16Rows(const SequenceView* next, size_t d) {
+  if (next == nullptr) return;
+  SpanPrefetcher pf;
+  const size_t row_bytes = d * sizeof(uint16_t);
+  for (const Fp16Run* run : {&next->sink, &next->tail}) {
+    const size_t stride = run->RowStride(static_cast<int>(d)) * sizeof(uint16_t);
+    pf.Add(run->keys, static_cast<size_t>(run->tokens), row_bytes, stride);
+    pf.Add(run->values, static_cast<size_t>(run->tokens), row_bytes, stride);
+  }
+  pf.Drain();
+}
+
 CodecStatus AttendImpl(const Preset& preset, int head_dim, const float* queries, int heads,
                        const SequenceView& seq, float* out, float scale, float* lse, bool exact) {
   const DF df;
@@ -625,17 +648,19 @@ CodecStatus AttendImpl(const Preset& preset, int head_dim, const float* queries,
       // were requested with the fp16 parts (SpanPrefetcher).
       constexpr size_t kAhead = 2;
       for (size_t i = 0; i < seq.tiles.size(); ++i) {
-        const uint8_t* next = i + kAhead < seq.tiles.size() ? seq.tiles[i + kAhead] : nullptr;
-        AttendTileFast(preset, d, heads, seq.tiles[i], next, l, scale, s, is, tile_state);
+        AttendTileFast(preset, d, heads, seq.tiles[i], RecordAhead(seq, i + kAhead), l, scale, s,
+                       is, tile_state);
       }
+      PrefetchFp16Rows(seq.next, d);
     }
 #else
     (void)exact;
 #endif
     for (size_t i = 0; !fast && i < seq.tiles.size(); ++i) {
-      const uint8_t* next = i + 1 < seq.tiles.size() ? seq.tiles[i + 1] : nullptr;
-      AttendTile(preset, d, heads, seq.tiles[i], next, l, scale, dots, s, tile_state);
+      AttendTile(preset, d, heads, seq.tiles[i], RecordAhead(seq, i + 1), l, scale, dots, s,
+                 tile_state);
     }
+    if (!fast) PrefetchFp16Rows(seq.next, d);
   }
 
   // Log-sum-exp merge of the two partial results, back to natural channel order.

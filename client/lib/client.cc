@@ -658,12 +658,19 @@ absl::Status Session::Attend(uint64_t seq, int layer, const float* queries, int 
   }
   const int group = num_q_heads / heads;
   const size_t d = static_cast<size_t>(layout_.head_dim);
-  std::vector<const uint8_t*> tiles(table->quant_blocks.size());
+  const size_t blocks = table->quant_blocks.size();
+  // Every kv-head's view first, each naming the next (SequenceView::next), so that the codec
+  // fetches a head's first records and fp16 rows while it finishes the one before.
+  std::vector<const uint8_t*> tiles(static_cast<size_t>(heads) * blocks);
+  std::vector<SequenceView> views(static_cast<size_t>(heads));
   const uint8_t* tail = TailBase() + static_cast<size_t>(table->tail_slot) * layout_.fp16_block_bytes();
   for (int h = 0; h < heads; ++h) {
-    for (size_t i = 0; i < tiles.size(); ++i) tiles[i] = QuantBlock(table->quant_blocks[i]) + layout_.RecordOffset(layer, h);
-    SequenceView view;
-    view.tiles = tiles;
+    const std::span<const uint8_t*> head_tiles(tiles.data() + static_cast<size_t>(h) * blocks,
+                                               blocks);
+    for (size_t i = 0; i < blocks; ++i)
+      head_tiles[i] = QuantBlock(table->quant_blocks[i]) + layout_.RecordOffset(layer, h);
+    SequenceView& view = views[static_cast<size_t>(h)];
+    view.tiles = head_tiles;
     if (table->has_sink) {
       const uint8_t* sink = SinkBlock(table->sink_block);
       view.sink = {reinterpret_cast<const uint16_t*>(sink + layout_.Fp16KeysOffset(layer, h)),
@@ -673,9 +680,12 @@ absl::Status Session::Attend(uint64_t seq, int layer, const float* queries, int 
     view.tail = {reinterpret_cast<const uint16_t*>(tail + layout_.Fp16KeysOffset(layer, h)),
                  reinterpret_cast<const uint16_t*>(tail + layout_.Fp16ValuesOffset(layer, h)),
                  static_cast<int>(table->tail_tokens), layout_.fp16_token_elems()};
-    const CodecStatus s = Codec::Default().AttendDecode(preset_, layout_.head_dim, queries + h * group * d, group, view,
-                                                        out + h * group * d, 0.0f,
-                                                        lse == nullptr ? nullptr : lse + h * group);
+    if (h > 0) views[static_cast<size_t>(h) - 1].next = &view;
+  }
+  for (int h = 0; h < heads; ++h) {
+    const CodecStatus s = Codec::Default().AttendDecode(
+        preset_, layout_.head_dim, queries + h * group * d, group, views[static_cast<size_t>(h)],
+        out + h * group * d, 0.0f, lse == nullptr ? nullptr : lse + h * group);
     if (!s.ok()) return FromCodec(s);
   }
   return absl::OkStatus();

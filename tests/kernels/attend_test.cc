@@ -297,6 +297,45 @@ TEST_P(AttendTest, AGroupOfQueryHeadsEqualsOneHeadAtATime) {
   }
 }
 
+// SequenceView::next is a hint to fetch ahead: whatever it names (a view with more or fewer
+// tiles than are fetched ahead, one of fp16 rows only, the view itself), results are the
+// bits of the call without it, on both precisions, lse included.
+TEST_P(AttendTest, TheNextViewHintChangesNoResult) {
+  const Preset p = preset();
+  const int g = p.tile_tokens, d = 128, heads = 4;
+  const Sequence seq(codec(), p, d, 6000), other(codec(), p, d, 6100);
+  const std::vector<float> q = Gaussian(static_cast<size_t>(heads) * d, 11, 1.5f);
+  const SequenceView hints[] = {other.View(g, Sequence::kMaxTiles, 5), other.View(0, 1, 0),
+                                other.View(g, 0, g - 1), other.View(0, 0, 3)};
+  for (AttendPrecision precision : {AttendPrecision::kExact, AttendPrecision::kFast}) {
+    for (int tiles : {0, 1, Sequence::kMaxTiles}) {
+      const SequenceView plain = seq.View(g, tiles, 7);
+      std::vector<float> want(static_cast<size_t>(heads) * d), want_lse(heads);
+      ASSERT_TRUE(codec()
+                      .AttendDecode(p, d, q.data(), heads, plain, want.data(), 0.0f,
+                                    want_lse.data(), precision)
+                      .ok());
+      std::vector<const SequenceView*> nexts = {&plain};
+      for (const SequenceView& h : hints) nexts.push_back(&h);
+      for (const SequenceView* next : nexts) {
+        SCOPED_TRACE(::testing::Message()
+                     << (precision == AttendPrecision::kFast ? "fast" : "exact")
+                     << " tiles=" << tiles << " next: " << next->tiles.size() << " tiles, "
+                     << next->sink.tokens + next->tail.tokens << " fp16 tokens");
+        SequenceView hinted = plain;
+        hinted.next = next;
+        std::vector<float> got(want.size(), -1.0f), got_lse(heads, -1.0f);
+        ASSERT_TRUE(codec()
+                        .AttendDecode(p, d, q.data(), heads, hinted, got.data(), 0.0f,
+                                      got_lse.data(), precision)
+                        .ok());
+        EXPECT_TRUE(got == want);
+        EXPECT_TRUE(got_lse == want_lse);
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllPresets, AttendTest,
                          ::testing::Combine(test::Implementations(),
                                             ::testing::ValuesIn(AllPresetNames())),
