@@ -27,6 +27,12 @@ HWY_BEFORE_NAMESPACE();
 namespace kvarn {
 namespace HWY_NAMESPACE {
 
+// Element i of K/V input in f32 or fp16, widened.
+HWY_INLINE VF LoadInput(const void* in, size_t i, DType dtype) {
+  return dtype == DType::kF32 ? hn::LoadU(DF(), static_cast<const float*>(in) + i)
+                              : LoadHalf(static_cast<const uint16_t*>(in) + i);
+}
+
 // True when every value is finite, within the fp16 range, and every row's L2 norm is well
 // inside it (so the rotated row cannot overflow). False asks for the exact scalar check.
 bool ValuesPlainlyFine(const BlockLayout& layout, int n, const void* keys, const void* values, DType dtype) {
@@ -43,8 +49,7 @@ bool ValuesPlainlyFine(const BlockLayout& layout, int n, const void* keys, const
       VF sq = hn::Zero(df);
       for (size_t c = 0; c < d; c += N) {
         const size_t i = r * d + c;
-        const VF v = dtype == DType::kF32 ? hn::LoadU(df, static_cast<const float*>(in) + i)
-                                          : LoadHalf(static_cast<const uint16_t*>(in) + i);
+        const VF v = LoadInput(in, i, dtype);
         bad = hn::Or(bad, hn::Not(hn::Le(hn::Abs(v), limit)));  // NaN compares false
         sq = hn::MulAdd(v, v, sq);
       }
@@ -95,39 +100,49 @@ bool MagnitudesWithin(const void* in, size_t count, DType dtype, float limit) {
   return BitsWithin(static_cast<const uint16_t*>(in), count, bits);
 }
 
-// The rows of tokens [first, first + n) written into the slot: widened, rotated where the
-// preset rotates, narrowed. Rows of kVecs vectors stay in registers throughout.
-template <size_t kVecs>
-void StoreRowsInRegisters(const Preset& preset, const BlockLayout& layout, uint8_t* slot, int first,
-                          int n, const void* keys, const void* values, DType dtype) {
-  const DF df;
-  const size_t N = hn::Lanes(df), d = static_cast<size_t>(layout.head_dim);
-  // FwhtRows' normalization of a row that is one chunk.
-  const float norm = 1.0f / std::sqrt(static_cast<float>(d));
+// Calls row(in, src, dst) for every key and value row of tokens [first, first + n): `in` the
+// keys or the values, `src` the index of the row's first element there, `dst` where its fp16
+// goes in the slot. The callers' lambdas are forced inline: gcc 12 left them a call per row,
+// which took a 64-sequence Stage from ~130 us to ~170 us.
+template <class Row>
+HWY_INLINE void ForEachRow(const BlockLayout& layout, uint8_t* slot, int first, int n,
+                           const void* keys, const void* values, Row&& row) {
+  const size_t d = static_cast<size_t>(layout.head_dim);
   for (int t = 0; t < n; ++t) {
     for (int l = 0; l < layout.num_layers; ++l) {
       for (int h = 0; h < layout.num_kv_heads; ++h) {
         const size_t src = (static_cast<size_t>(t) * layout.slots() + layout.slot(l, h)) * d;
         for (int which = 0; which < 2; ++which) {
-          const void* in = which == 0 ? keys : values;
-          VF v[kVecs];
-          for (size_t i = 0; i < kVecs; ++i) {
-            v[i] = dtype == DType::kF32 ? hn::LoadU(df, static_cast<const float*>(in) + src + i * N)
-                                        : LoadHalf(static_cast<const uint16_t*>(in) + src + i * N);
-          }
-          if (preset.rotates()) FwhtVecs<kVecs>(v, &norm);
           const size_t off =
               which == 0 ? layout.Fp16KeysOffset(l, h) : layout.Fp16ValuesOffset(l, h);
           // Plain stores: the commit's scan reads the token's run (contiguous, token-major)
           // right after, from the caches (docs/commit_ring.md: non-temporal stores left it
           // to read from memory, 92-97 us for a 64-sequence step against 23-41 us).
-          auto* dst = reinterpret_cast<uint16_t*>(
-              slot + off + static_cast<size_t>(first + t) * layout.fp16_token_bytes());
-          for (size_t i = 0; i < kVecs; ++i) StoreHalf(v[i], dst + i * N);
+          row(which == 0 ? keys : values, src,
+              reinterpret_cast<uint16_t*>(
+                  slot + off + static_cast<size_t>(first + t) * layout.fp16_token_bytes()));
         }
       }
     }
   }
+}
+
+// The rows written into the slot: widened, rotated where the preset rotates, narrowed. Rows
+// of kVecs vectors stay in registers throughout.
+template <size_t kVecs>
+void StoreRowsInRegisters(const Preset& preset, const BlockLayout& layout, uint8_t* slot, int first,
+                          int n, const void* keys, const void* values, DType dtype) {
+  const size_t N = hn::Lanes(DF());
+  // FwhtRows' normalization of a row that is one chunk.
+  const float norm = 1.0f / std::sqrt(static_cast<float>(layout.head_dim));
+  ForEachRow(
+      layout, slot, first, n, keys, values,
+      [&](const void* in, size_t src, uint16_t* dst) HWY_ATTR __attribute__((always_inline)) {
+        VF v[kVecs];
+        for (size_t i = 0; i < kVecs; ++i) v[i] = LoadInput(in, src + i * N, dtype);
+        if (preset.rotates()) FwhtVecs<kVecs>(v, &norm);
+        for (size_t i = 0; i < kVecs; ++i) StoreHalf(v[i], dst + i * N);
+      });
 }
 
 // The same for rows longer than FwhtRows keeps in registers, through a row buffer.
@@ -136,27 +151,13 @@ void StoreRowsThroughMemory(const Preset& preset, const BlockLayout& layout, uin
   const DF df;
   const size_t N = hn::Lanes(df), d = static_cast<size_t>(layout.head_dim);
   alignas(64) float row[512];
-  for (int t = 0; t < n; ++t) {
-    for (int l = 0; l < layout.num_layers; ++l) {
-      for (int h = 0; h < layout.num_kv_heads; ++h) {
-        const size_t src = (static_cast<size_t>(t) * layout.slots() + layout.slot(l, h)) * d;
-        for (int which = 0; which < 2; ++which) {
-          const void* in = which == 0 ? keys : values;
-          for (size_t c = 0; c < d; c += N) {
-            const VF v = dtype == DType::kF32 ? hn::LoadU(df, static_cast<const float*>(in) + src + c)
-                                              : LoadHalf(static_cast<const uint16_t*>(in) + src + c);
-            hn::Store(v, df, row + c);
-          }
-          if (preset.rotates()) FwhtRows(row, 1, d);
-          const size_t off =
-              which == 0 ? layout.Fp16KeysOffset(l, h) : layout.Fp16ValuesOffset(l, h);
-          auto* dst = reinterpret_cast<uint16_t*>(
-              slot + off + static_cast<size_t>(first + t) * layout.fp16_token_bytes());
-          for (size_t c = 0; c < d; c += N) StoreHalf(hn::Load(df, row + c), dst + c);
-        }
-      }
-    }
-  }
+  ForEachRow(
+      layout, slot, first, n, keys, values,
+      [&](const void* in, size_t src, uint16_t* dst) HWY_ATTR __attribute__((always_inline)) {
+        for (size_t c = 0; c < d; c += N) hn::Store(LoadInput(in, src + c, dtype), df, row + c);
+        if (preset.rotates()) FwhtRows(row, 1, d);
+        for (size_t c = 0; c < d; c += N) StoreHalf(hn::Load(df, row + c), dst + c);
+      });
 }
 
 CodecStatus StoreTokensImpl(const Preset& preset, const BlockLayout& layout, uint8_t* slot,

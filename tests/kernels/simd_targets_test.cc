@@ -156,17 +156,7 @@ TEST_P(SimdTargetTest, AttendsLikeTheReference) {
   }
 }
 
-// StoreTokens' layout: 3 layers x 2 kv-heads, 4 tokens.
-BlockLayout StoreLayout(const Preset& p, int d) {
-  BlockLayout l;
-  l.num_layers = 3;
-  l.num_kv_heads = 2;
-  l.head_dim = d;
-  l.tile_tokens = p.tile_tokens;
-  l.record_bytes = p.RecordBytes(d);
-  return l;
-}
-constexpr int kStoreTokens = 4;
+constexpr int kStoreTokens = 4;  // tokens per StoreTokens call of these tests
 
 // Tokens that take each level of the SIMD StoreTokens check (kernels/simd_store.cc): token 0
 // small values (the magnitude bound vouches for them), token 1 one value of 20,000 in every
@@ -187,7 +177,7 @@ TEST_P(SimdTargetTest, StoresTokensLikeTheReference) {
   for (const char* name : kPresets) {
     const Preset p = MustParse(name);
     for (int d : {64, 128, 512}) {
-      const BlockLayout l = StoreLayout(p, d);
+      const BlockLayout l = test::SmallStoreLayout(p, d);
       const std::vector<float> k = StoreValues(l, 300 + d), v = StoreValues(l, 400 + d);
       const std::vector<uint16_t> kh = test::ToHalf(k), vh = test::ToHalf(v);
       for (DType dtype : {DType::kF32, DType::kF16}) {
@@ -216,7 +206,7 @@ TEST_P(SimdTargetTest, StoreTokensRefusesEachBadValueWritingNothing) {
   for (const char* name : {"kvarn_k4v2_g128", "fp16"}) {
     const Preset p = MustParse(name);
     const int d = 128;
-    const BlockLayout l = StoreLayout(p, d);
+    const BlockLayout l = test::SmallStoreLayout(p, d);
     const std::vector<float> good = Gaussian(kStoreTokens * l.slots() * d, 500, 2.0f);
     const std::vector<uint16_t> good_h = test::ToHalf(good);
     const size_t count = good.size();

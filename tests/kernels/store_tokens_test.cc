@@ -9,19 +9,10 @@
 #include "hwy/aligned_allocator.h"
 #include "kernels/codec.h"
 #include "kernels/fp16.h"
+#include "tests/kernels/codec_test_util.h"
 
 namespace kvarn {
 namespace {
-
-BlockLayout Layout(const Preset& p, int d) {
-  BlockLayout l;
-  l.num_layers = 3;
-  l.num_kv_heads = 2;
-  l.head_dim = d;
-  l.tile_tokens = p.tile_tokens;
-  l.record_bytes = p.RecordBytes(d);
-  return l;
-}
 
 class StoreTokensTest : public ::testing::TestWithParam<const char*> {};
 
@@ -29,7 +20,7 @@ TEST_P(StoreTokensTest, WritesRotatedFp16AndAgreesAcrossImplementations) {
   Preset p;
   ASSERT_TRUE(ParsePreset(GetParam(), &p).ok());
   for (int d : {64, 128, 512}) {
-    const BlockLayout l = Layout(p, d);
+    const BlockLayout l = test::SmallStoreLayout(p, d);
     const int n = 5, first = p.tile_tokens - n;
     std::mt19937 rng(d);
     std::normal_distribution<float> nd(0.0f, 3.0f);
@@ -74,7 +65,7 @@ TEST_P(StoreTokensTest, WritesRotatedFp16AndAgreesAcrossImplementations) {
 TEST_P(StoreTokensTest, RejectsBadInputWritingNothing) {
   Preset p;
   ASSERT_TRUE(ParsePreset(GetParam(), &p).ok());
-  const BlockLayout l = Layout(p, 64);
+  const BlockLayout l = test::SmallStoreLayout(p, 64);
   std::vector<float> k(2 * l.slots() * 64, 1.0f), v(k.size(), 1.0f);
   std::vector<uint8_t> slot(l.fp16_block_bytes(), 0x5A);
   const std::vector<uint8_t> before = slot;
