@@ -643,7 +643,8 @@ absl::Status Session::AttendDevice(uint64_t seq, int layer, const float* queries
   if (device_ == nullptr) return absl::FailedPreconditionError("AttendDevice needs a pool in GPU memory");
   auto table = CheckedTable(seq, layer, num_q_heads);
   if (!table.ok()) return table.status();
-  return device_->Attend(*table, layer, queries, num_q_heads, out, /*device_io=*/true, stream);
+  return device_->Attend(*table, layer, queries, num_q_heads, out, /*lse=*/nullptr,
+                         /*device_io=*/true, stream);
 }
 
 absl::Status Session::Attend(uint64_t seq, int layer, const float* queries, int num_q_heads, float* out,
@@ -653,8 +654,8 @@ absl::Status Session::Attend(uint64_t seq, int layer, const float* queries, int 
   auto table = CheckedTable(seq, layer, num_q_heads);
   if (!table.ok()) return table.status();
   if (device_ != nullptr) {
-    if (lse != nullptr) return absl::UnimplementedError("Attend with lse: not on a CUDA pool");
-    return device_->Attend(*table, layer, queries, num_q_heads, out, /*device_io=*/false, nullptr);
+    return device_->Attend(*table, layer, queries, num_q_heads, out, lse, /*device_io=*/false,
+                           nullptr);
   }
   const int group = num_q_heads / heads;
   const size_t d = static_cast<size_t>(layout_.head_dim);

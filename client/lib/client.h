@@ -286,8 +286,8 @@ class Session {
   // queries [num_q_heads][head_dim] (original frame), num_q_heads a multiple of the kv-heads
   // (grouped-query attention); out [num_q_heads][head_dim]. lse, when not null, receives
   // [num_q_heads] log-sum-exp of the scaled scores (Codec::AttendDecode), to merge with
-  // attention over tokens not in the pool yet (a decode step's own token); host pools only
-  // (UNIMPLEMENTED on a CUDA pool).
+  // attention over tokens not in the pool yet (a decode step's own token); on a CUDA pool
+  // the kernel computes it (cuda::AttendArgs::lse).
   absl::Status Attend(uint64_t seq, int layer, const float* queries, int num_q_heads, float* out,
                       float* lse = nullptr) const;
   // CUDA pools: Attend with queries and out in device memory, enqueued on `stream` (null:

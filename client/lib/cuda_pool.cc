@@ -57,8 +57,8 @@ class CudaDevicePool final : public DevicePool {
 
   absl::Status Store(uint8_t* slot, int first, int n, const void* keys, const void* values, DType dtype,
                      bool device_input, CUstream_st* stream) override;
-  absl::Status Attend(const SequenceTable& table, int layer, const float* queries, int num_q_heads, float* out,
-                      bool device_io, CUstream_st* stream) override;
+  absl::Status Attend(const SequenceTable& table, int layer, const float* queries, int num_q_heads,
+                      float* out, float* lse, bool device_io, CUstream_st* stream) override;
   absl::Status Dequantize(uint32_t block, int layer, int head, float* keys, float* values) override;
   absl::Status WaitForEvent(CUevent_st* event) override {
     ScopedDevice scope(device_);
@@ -238,8 +238,9 @@ absl::Status CudaDevicePool::Store(uint8_t* slot, int first, int n, const void* 
   return absl::OkStatus();
 }
 
-absl::Status CudaDevicePool::Attend(const SequenceTable& table, int layer, const float* queries, int num_q_heads,
-                                    float* out, bool device_io, CUstream_st* stream_arg) {
+absl::Status CudaDevicePool::Attend(const SequenceTable& table, int layer, const float* queries,
+                                    int num_q_heads, float* out, float* lse, bool device_io,
+                                    CUstream_st* stream_arg) {
   const int g = layout_.tile_tokens;
   const size_t d = static_cast<size_t>(layout_.head_dim);
   const size_t q_elems = static_cast<size_t>(num_q_heads) * d;
@@ -281,6 +282,8 @@ absl::Status CudaDevicePool::Attend(const SequenceTable& table, int layer, const
   off += Align(std::max<size_t>(1, workspace));
   const size_t at_q = off;
   off += device_io ? 0 : 2 * Align(q_elems * sizeof(float));
+  const size_t at_lse = off;
+  off += device_io || lse == nullptr ? 0 : Align(static_cast<size_t>(num_q_heads) * sizeof(float));
   absl::StatusOr<Lease> scratch = TakeScratch(off);
   if (!scratch.ok()) return scratch.status();
   uint8_t* base = scratch->data();
@@ -305,6 +308,7 @@ absl::Status CudaDevicePool::Attend(const SequenceTable& table, int layer, const
   a.num_q_heads = num_q_heads;
   a.queries = device_io ? queries : reinterpret_cast<const float*>(base + at_q);
   a.out = device_io ? out : reinterpret_cast<float*>(base + at_q + Align(q_elems * sizeof(float)));
+  a.lse = lse == nullptr ? nullptr : device_io ? lse : reinterpret_cast<float*>(base + at_lse);
   a.num_splits = splits;
   a.workspace = workspace > 0 ? base + at_work : nullptr;
   a.workspace_bytes = workspace;
@@ -343,6 +347,11 @@ absl::Status CudaDevicePool::Attend(const SequenceTable& table, int layer, const
     step(cudaMemcpyAsync(&bits, a.status, sizeof(bits), cudaMemcpyDeviceToHost, stream), "reading attention status");
     if (!device_io) {
       step(cudaMemcpyAsync(out, a.out, q_elems * sizeof(float), cudaMemcpyDeviceToHost, stream), "reading the output");
+      if (lse != nullptr) {
+        step(cudaMemcpyAsync(lse, a.lse, static_cast<size_t>(num_q_heads) * sizeof(float),
+                             cudaMemcpyDeviceToHost, stream),
+             "reading the log-sum-exp");
+      }
     }
   }
   const absl::Status synced = CudaStatus(cudaStreamSynchronize(stream), "synchronizing attention");

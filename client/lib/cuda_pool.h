@@ -52,10 +52,11 @@ class DevicePool {
   virtual absl::Status Store(uint8_t* slot, int first, int n, const void* keys, const void* values, DType dtype,
                              bool device_input, CUstream_st* stream) = 0;
   // Decode attention of one layer over `table` (REQUIRES: ids within the pool, checked by
-  // the Session). queries/out [num_q_heads][D] f32 on the host, or on the device with
-  // device_io; on `stream` as for Store.
-  virtual absl::Status Attend(const SequenceTable& table, int layer, const float* queries, int num_q_heads,
-                              float* out, bool device_io, CUstream_st* stream) = 0;
+  // the Session). queries/out [num_q_heads][D] f32 and lse (optional) [num_q_heads] on the
+  // host, or on the device with device_io; on `stream` as for Store.
+  virtual absl::Status Attend(const SequenceTable& table, int layer, const float* queries,
+                              int num_q_heads, float* out, float* lse, bool device_io,
+                              CUstream_st* stream) = 0;
   // One (layer, kv-head) tile of a quantized block, original frame, into host f32 [G][D].
   virtual absl::Status Dequantize(uint32_t block, int layer, int head, float* keys, float* values) = 0;
   // Blocks the calling thread until `event` has completed.

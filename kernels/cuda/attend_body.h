@@ -83,6 +83,7 @@ struct AttendParams {
   int rotates = 0;
   const float* queries = nullptr;  // [num_seqs][Hq][D], original frame
   float* out = nullptr;            // [num_seqs][Hq][D], original frame
+  float* lse = nullptr;            // [num_seqs][Hq] or null
   float scale = 0.0f;
   int num_splits = 1;
   float* partials = nullptr;  // [num_seqs][Hq][num_splits][D + 2]: max, sum, acc (split-K only)
@@ -419,6 +420,12 @@ KVARN_DEV void AttendBlock(const Ctx& ctx, const AttendParams& p, int split, int
     const float l = s.sum[e / d];
     s.w[e] = l > 0.0f ? s.acc[e] / l : 0.0f;
   }
+  if (p.lse != nullptr) {
+    for (int h = tid; h < nh; h += nt) {
+      p.lse[static_cast<size_t>(seq) * hq + h0 + h] =
+          s.sum[h] > 0.0f ? s.mx[h] + logf(s.sum[h]) : -INFINITY;
+    }
+  }
   ctx.Sync();
   if (p.rotates) FwhtRows(ctx, s.w, HC, d);
   for (int e = tid; e < nh * d; e += nt)
@@ -428,6 +435,7 @@ KVARN_DEV void AttendBlock(const Ctx& ctx, const AttendParams& p, int split, int
 struct CombineParams {
   const float* partials = nullptr;  // [rows][num_splits][D + 2]
   float* out = nullptr;             // [rows][D]
+  float* lse = nullptr;             // [rows] or null
   int num_splits = 0;
   int d = 0;
   int rotates = 0;
@@ -453,6 +461,7 @@ KVARN_DEV void CombineRow(const Ctx& ctx, const CombineParams& p, int row, unsig
     const float lk = base[k * stride + 1];
     if (lk > 0.0f) l += lk * expf(base[k * stride] - m);
   }
+  if (p.lse != nullptr && ctx.tid() == 0) p.lse[row] = l > 0.0f ? m + logf(l) : -INFINITY;
   for (int c = ctx.tid(); c < d; c += ctx.nthreads()) {
     float acc = 0.0f;
     for (int k = 0; k < ns; ++k) {

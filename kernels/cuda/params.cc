@@ -199,7 +199,7 @@ CodecStatus BuildAttend(const Preset& preset, const BlockLayout& layout, const A
   if (a.num_quant_blocks < 0 || a.num_fp16_blocks < 0)
     return InvalidArgument("negative block count");
   if (!Aligned(a.quant_pool, 16) || !Aligned(a.fp16_pool, 16) || !Aligned(a.queries, 4) ||
-      !Aligned(a.out, 4) || !Aligned(a.seqs, 4) || !Aligned(a.tile_ids, 4) ||
+      !Aligned(a.out, 4) || !Aligned(a.lse, 4) || !Aligned(a.seqs, 4) || !Aligned(a.tile_ids, 4) ||
       !Aligned(a.workspace, 4)) {
     return InvalidArgument("misaligned attention buffers (pools need 16-byte alignment)");
   }
@@ -253,6 +253,7 @@ CodecStatus BuildAttend(const Preset& preset, const BlockLayout& layout, const A
   p.rotates = preset.rotates();
   p.queries = a.queries;
   p.out = a.out;
+  p.lse = a.lse;
   p.scale = a.softmax_scale == 0.0f ? 1.0f / std::sqrt(static_cast<float>(d)) : a.softmax_scale;
   p.num_splits = a.num_splits;
   p.partials = static_cast<float*>(a.workspace);
@@ -267,6 +268,7 @@ CodecStatus BuildAttend(const Preset& preset, const BlockLayout& layout, const A
   if (a.num_splits > 1) {
     out->combine.partials = p.partials;
     out->combine.out = a.out;
+    out->combine.lse = a.lse;
     out->combine.num_splits = a.num_splits;
     out->combine.d = d;
     out->combine.rotates = p.rotates;

@@ -73,6 +73,9 @@ struct AttendArgs {
   int num_q_heads = 0;  // a multiple of num_kv_heads; query head h reads kv-head h / (Hq / Hkv)
   const float* queries = nullptr;  // [num_seqs][num_q_heads][D], original frame
   float* out = nullptr;            // [num_seqs][num_q_heads][D], original frame
+  // Optional, [num_seqs][num_q_heads]: natural-log sum of exp(scaled scores) per query head,
+  // as Codec::AttendDecode's lse; -inf for a rejected sequence (no token attended).
+  float* lse = nullptr;
   float softmax_scale = 0.0f;      // 0: 1/sqrt(D)
   int num_splits = 1;              // > 1: split-K over the sequence's units, then combine
   void* workspace = nullptr;       // AttendWorkspaceBytes() bytes when num_splits > 1

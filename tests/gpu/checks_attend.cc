@@ -1,5 +1,6 @@
 // Fused-attention checks against Codec::Reference().AttendDecode, and the emulator's
 // schedule-independence check; see checks.h.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -141,12 +142,17 @@ Built Build(const Scenario& sc, std::mt19937_64& rng) {
   return b;
 }
 
-// Codec::Reference().AttendDecode per (sequence, kv-head); zeros for rejected sequences.
-std::vector<float> CpuAttend(const Scenario& sc, const Built& b) {
+// Codec::Reference().AttendDecode per (sequence, kv-head): outputs, and lse; zeros and -inf
+// for rejected sequences.
+struct CpuResult {
+  std::vector<float> out, lse;
+};
+CpuResult CpuAttend(const Scenario& sc, const Built& b) {
   const BlockLayout& L = b.layout;
   const HostAttend& in = b.in;
   const int d = L.head_dim, hq = in.num_q_heads;
   std::vector<float> out(in.seqs.size() * hq * static_cast<size_t>(d), 0.0f);
+  std::vector<float> lse(in.seqs.size() * hq, -INFINITY);
   for (size_t i = 0; i < in.seqs.size(); ++i) {
     if (sc.seqs[i].bad_tokens) continue;
     const AttendSequence& a = in.seqs[i];
@@ -171,13 +177,14 @@ std::vector<float> CpuAttend(const Scenario& sc, const Built& b) {
                         L.RecordOffset(in.layer, h));
       }
       view.tiles = tiles;
-      const size_t row = (i * hq + static_cast<size_t>(h) * sc.group) * d;
-      const CodecStatus s = Codec::Reference().AttendDecode(
-          b.preset, d, in.queries.data() + row, sc.group, view, out.data() + row, sc.scale);
+      const size_t head = i * hq + static_cast<size_t>(h) * sc.group, row = head * d;
+      const CodecStatus s =
+          Codec::Reference().AttendDecode(b.preset, d, in.queries.data() + row, sc.group, view,
+                                          out.data() + row, sc.scale, lse.data() + head);
       if (!s.ok()) std::fprintf(stderr, "CPU attention failed: %s\n", s.ToString().c_str());
     }
   }
-  return out;
+  return {out, lse};
 }
 
 }  // namespace
@@ -192,21 +199,29 @@ void CheckAttention(KernelRunner& runner, const Coverage& cov, Report& report) {
     const Scenario& sc = all[idx];
     std::mt19937_64 rng(1000 + idx);
     Built b = Build(sc, rng);
-    const std::vector<float> want = CpuAttend(sc, b);
+    const CpuResult cpu = CpuAttend(sc, b);
+    const std::vector<float>& want = cpu.out;
     const int d = b.layout.head_dim, hq = b.in.num_q_heads;
     for (int splits : sc.splits) {
       b.in.num_splits = splits;
       const std::string tag = Fmt("case %d %s D=%d Hkv=%d group=%d splits=%d", idx, sc.preset, d,
                                   sc.kv_heads, sc.group, splits);
-      std::vector<float> got;
+      std::vector<float> got, got_lse;
       std::vector<int32_t> st;
-      const CodecStatus s = runner.Attend(b.preset, b.layout, b.in, &got, &st);
+      const CodecStatus s = runner.Attend(b.preset, b.layout, b.in, &got, &st, &got_lse);
       if (!report.Check(s.ok(), tag + ": " + s.ToString())) continue;
-      double worst = 0.0;
+      double worst = 0.0, worst_lse = 0.0;
       for (size_t i = 0; i < b.in.seqs.size(); ++i) {
         report.Check(st[i] == b.want_status[i], Fmt("%s: seq %zu status %d, want %d", tag.c_str(),
                                                     i, st[i], b.want_status[i]));
         for (int h = 0; h < hq; ++h) {
+          // lse: the same log-sum-exp as the CPU's, -inf where the sequence was rejected.
+          const float gl = got_lse[i * hq + h], wl = cpu.lse[i * hq + h];
+          const double lse_err = std::isinf(wl)
+                                     ? (gl == wl ? 0.0 : 1e30)
+                                     : std::fabs(static_cast<double>(gl) - wl) /
+                                           std::max(1.0, std::fabs(static_cast<double>(wl)));
+          worst_lse = std::max(worst_lse, std::isnan(lse_err) ? 1e30 : lse_err);
           const size_t row = (i * hq + h) * static_cast<size_t>(d);
           double num = 0.0, den = 0.0;
           for (int c = 0; c < d; ++c) {
@@ -220,7 +235,10 @@ void CheckAttention(KernelRunner& runner, const Coverage& cov, Report& report) {
       }
       report.Check(worst <= 1e-4, Fmt("%s: relative L2 error %.3e vs Codec::Reference() > 1e-4",
                                       tag.c_str(), worst));
-      report.Note(Fmt("%s: worst relative L2 error vs CPU %.2e", tag.c_str(), worst));
+      report.Check(worst_lse <= 1e-5,
+                   Fmt("%s: lse error %.3e vs Codec::Reference() > 1e-5", tag.c_str(), worst_lse));
+      report.Note(Fmt("%s: worst relative L2 error vs CPU %.2e, lse error %.2e", tag.c_str(), worst,
+                      worst_lse));
     }
   }
 }

@@ -134,7 +134,8 @@ class DeviceRunner final : public KernelRunner {
   }
 
   CodecStatus Attend(const Preset& preset, const BlockLayout& layout, const HostAttend& in,
-                     std::vector<float>* out, std::vector<int32_t>* status) override {
+                     std::vector<float>* out, std::vector<int32_t>* status,
+                     std::vector<float>* lse) override {
     const size_t seqs = in.seqs.size();
     const size_t out_elems = seqs * static_cast<size_t>(in.num_q_heads) * layout.head_dim;
     DeviceBuffer qp(in.quant_pool.data(), in.quant_pool.size());
@@ -143,6 +144,8 @@ class DeviceRunner final : public KernelRunner {
     DeviceBuffer ids(in.tile_ids.data(), in.tile_ids.size() * sizeof(int32_t));
     DeviceBuffer q(in.queries.data(), in.queries.size() * sizeof(float));
     DeviceBuffer o(out_elems * sizeof(float)), st(seqs * sizeof(int32_t));
+    const size_t lse_elems = seqs * static_cast<size_t>(in.num_q_heads);
+    DeviceBuffer ls(lse != nullptr ? lse_elems * sizeof(float) : 0);
     AttendArgs a;
     a.quant_pool = qp.get<uint8_t>();
     a.num_quant_blocks = in.num_quant_blocks;
@@ -155,6 +158,7 @@ class DeviceRunner final : public KernelRunner {
     a.num_q_heads = in.num_q_heads;
     a.queries = q.get<float>();
     a.out = o.get<float>();
+    a.lse = lse != nullptr ? ls.get<float>() : nullptr;
     a.softmax_scale = in.softmax_scale;
     a.num_splits = in.num_splits;
     const size_t ws_bytes = AttendWorkspaceBytes(layout, a.num_seqs, a.num_q_heads, a.num_splits);
@@ -168,6 +172,10 @@ class DeviceRunner final : public KernelRunner {
     status->resize(seqs);
     o.CopyTo(out->data());
     st.CopyTo(status->data());
+    if (lse != nullptr) {
+      lse->resize(lse_elems);
+      ls.CopyTo(lse->data());
+    }
     return {};
   }
 

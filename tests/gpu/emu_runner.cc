@@ -84,9 +84,11 @@ class EmuRunner final : public KernelRunner {
   }
 
   CodecStatus Attend(const Preset& preset, const BlockLayout& layout, const HostAttend& in,
-                     std::vector<float>* out, std::vector<int32_t>* status) override {
+                     std::vector<float>* out, std::vector<int32_t>* status,
+                     std::vector<float>* lse) override {
     const size_t seqs = in.seqs.size();
     out->assign(seqs * static_cast<size_t>(in.num_q_heads) * layout.head_dim, -12345.0f);
+    if (lse != nullptr) lse->assign(seqs * static_cast<size_t>(in.num_q_heads), -12345.0f);
     status->assign(seqs, 0);
     AttendArgs a;
     a.quant_pool = in.quant_pool.data();
@@ -100,6 +102,7 @@ class EmuRunner final : public KernelRunner {
     a.num_q_heads = in.num_q_heads;
     a.queries = in.queries.data();
     a.out = out->data();
+    a.lse = lse != nullptr ? lse->data() : nullptr;
     a.softmax_scale = in.softmax_scale;
     a.num_splits = in.num_splits;
     std::vector<float> workspace(

@@ -51,9 +51,10 @@ class KernelRunner {
   virtual CodecStatus Store(const Preset& preset, const BlockLayout& layout, const TokenSource& in,
                             int num_tokens, int layer, int token_offset,
                             std::vector<uint16_t>* fp16_block, std::vector<int32_t>* status) = 0;
-  // out: [seqs][Hq][D].
+  // out: [seqs][Hq][D]; lse (optional): [seqs][Hq].
   virtual CodecStatus Attend(const Preset& preset, const BlockLayout& layout, const HostAttend& in,
-                             std::vector<float>* out, std::vector<int32_t>* status) = 0;
+                             std::vector<float>* out, std::vector<int32_t>* status,
+                             std::vector<float>* lse = nullptr) = 0;
 };
 
 // The CPU emulator of the kernels. `order`: fiber order between barriers (race detection).
