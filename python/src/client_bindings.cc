@@ -521,7 +521,8 @@ queries), or writes into ``out`` (a writable C-contiguous float32 numpy array of
 shape) and returns it. With ``return_lse=True`` returns ``(out, lse)``: lse (num_query_heads,)
 is the natural log of the softmax denominator over the sequence (scaled scores), so the result
 merges exactly with attention over tokens not committed yet (a decode step's own token):
-``w = exp(lse - m), u = exp(s_new - m)``, ``(w * out + u * v_new) / (w + u)``. Host pools only.)doc")
+``w = exp(lse - m), u = exp(s_new - m)``, ``(w * out + u * v_new) / (w + u)``. On host and
+CUDA pools.)doc")
       .def("dequantize", &Dequantize, pyb::arg("sequence"), pyb::arg("layer") = pyb::none(),
            R"doc(The sequence's K/V as the pool holds them, dequantized, original frame, float32:
 ``(keys, values)`` of shape (tokens, num_layers, num_kv_heads, head_dim), the layout append
