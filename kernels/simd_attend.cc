@@ -579,17 +579,22 @@ const uint8_t* RecordAhead(const SequenceView& seq, size_t i) {
   return i < seq.next->tiles.size() ? seq.next->tiles[i] : nullptr;
 }
 
+// The view's fp16 rows (sink and tail, keys and values) as spans of pf.
+void AddFp16Rows(const SequenceView& seq, size_t d, SpanPrefetcher& pf) {
+  const size_t row_bytes = d * sizeof(uint16_t);
+  for (const Fp16Run* run : {&seq.sink, &seq.tail}) {
+    const size_t stride = run->RowStride(static_cast<int>(d)) * sizeof(uint16_t);
+    pf.Add(run->keys, static_cast<size_t>(run->tokens), row_bytes, stride);
+    pf.Add(run->values, static_cast<size_t>(run->tokens), row_bytes, stride);
+  }
+}
+
 // Requests the fp16 rows of the view attended next, at once: they arrive while this call
 // merges and the next one begins (its first records were fetched by RecordAhead).
 void PrefetchFp16Rows(const SequenceView* next, size_t d) {
   if (next == nullptr) return;
   SpanPrefetcher pf;
-  const size_t row_bytes = d * sizeof(uint16_t);
-  for (const Fp16Run* run : {&next->sink, &next->tail}) {
-    const size_t stride = run->RowStride(static_cast<int>(d)) * sizeof(uint16_t);
-    pf.Add(run->keys, static_cast<size_t>(run->tokens), row_bytes, stride);
-    pf.Add(run->values, static_cast<size_t>(run->tokens), row_bytes, stride);
-  }
+  AddFp16Rows(*next, d, pf);
   pf.Drain();
 }
 
@@ -613,12 +618,7 @@ CodecStatus AttendImpl(const Preset& preset, int head_dim, const float* queries,
   // kernels; what is left of the records is requested once the fp16 parts are done, so that
   // the first tile does not wait.
   SpanPrefetcher pf;
-  const size_t row_bytes = d * sizeof(uint16_t);
-  for (const Fp16Run* run : {&seq.sink, &seq.tail}) {
-    const size_t stride = run->RowStride(head_dim) * sizeof(uint16_t);
-    pf.Add(run->keys, static_cast<size_t>(run->tokens), row_bytes, stride);
-    pf.Add(run->values, static_cast<size_t>(run->tokens), row_bytes, stride);
-  }
+  AddFp16Rows(seq, d, pf);
   const size_t record_bytes = preset.quantizes() ? preset.Layout(head_dim).total : 0;
   for (size_t i = 0; i < std::min<size_t>(2, seq.tiles.size()) && record_bytes > 0; ++i) {
     pf.Add(seq.tiles[i], 1, record_bytes, 0);
@@ -651,7 +651,6 @@ CodecStatus AttendImpl(const Preset& preset, int head_dim, const float* queries,
         AttendTileFast(preset, d, heads, seq.tiles[i], RecordAhead(seq, i + kAhead), l, scale, s,
                        is, tile_state);
       }
-      PrefetchFp16Rows(seq.next, d);
     }
 #else
     (void)exact;
@@ -660,7 +659,7 @@ CodecStatus AttendImpl(const Preset& preset, int head_dim, const float* queries,
       AttendTile(preset, d, heads, seq.tiles[i], RecordAhead(seq, i + 1), l, scale, dots, s,
                  tile_state);
     }
-    if (!fast) PrefetchFp16Rows(seq.next, d);
+    PrefetchFp16Rows(seq.next, d);
   }
 
   // Log-sum-exp merge of the two partial results, back to natural channel order.

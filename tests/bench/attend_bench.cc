@@ -379,8 +379,7 @@ Timing TimeSteps(Workers& workers, const Region& read_buffer, const Preset& p, c
       (void)ThreadCpuSeconds();
       workers.Sync();
       const double c0 = ThreadCpuSeconds();
-      const int per = kKvHeads / workers.size();
-      for (int h = w * per; h < (w + 1) * per; ++h) {
+      for (int h = w * per_worker; h < (w + 1) * per_worker; ++h) {
         const size_t q = static_cast<size_t>(h) * kHeadsPerKv * kHeadDim;
         Check(Codec::Simd().AttendDecode(p, kHeadDim, wl.queries.data() + q, kHeadsPerKv,
                                          views[static_cast<size_t>(h)], out.data() + q, 0.0f,
