@@ -119,7 +119,7 @@ HWY_INLINE void CrossStages(VF* v) {
   }
 }
 
-// The transform stages that pair elements of one chunk of kVecs vectors, on registers: the
+// The transform stages that pair elements of one chunk of kVecs vectors, in registers: the
 // stages within vectors, then those across the chunk's vectors. `norm`, when given, is applied
 // at the end (the chunk is the whole row).
 template <size_t kVecs>
