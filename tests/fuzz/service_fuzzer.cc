@@ -326,7 +326,13 @@ class Harness {
 }  // namespace kvarn
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static kvarn::Harness* h = new kvarn::Harness();
+  static kvarn::Harness* h = [] {
+    auto* made = new kvarn::Harness();
+    // Deleted at exit, so that its socket directory goes too. Registered after the descriptor
+    // server started, so it runs before the static destructors of what that server set up.
+    std::atexit([] { delete h; });
+    return made;
+  }();
   h->Run(data, size);
   return 0;
 }
