@@ -119,4 +119,14 @@ std::string CodecStatus::ToString() const {
   return std::string(code) + ": " + message_;
 }
 
+BlockLayout MakeBlockLayout(const Preset& preset, int layers, int kv_heads, int head_dim) {
+  BlockLayout l;
+  l.num_layers = layers;
+  l.num_kv_heads = kv_heads;
+  l.head_dim = head_dim;
+  l.tile_tokens = preset.tile_tokens;
+  l.record_bytes = preset.RecordBytes(head_dim);
+  return l;
+}
+
 }  // namespace kvarn

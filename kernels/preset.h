@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/block_layout.h"
 #include "kernels/kvarn_math.h"
 #include "kernels/status.h"
 
@@ -54,6 +55,10 @@ CodecStatus ParsePreset(std::string_view name, Preset* out);
 
 // Every valid preset name, for help texts and exhaustive tests.
 std::vector<std::string> AllPresetNames();
+
+// The pool layout of a model shape under `preset`: its tile and record sizes.
+// REQUIRES: CheckHeadDim(head_dim).ok().
+BlockLayout MakeBlockLayout(const Preset& preset, int layers, int kv_heads, int head_dim);
 
 }  // namespace kvarn
 

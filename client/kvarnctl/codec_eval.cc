@@ -70,12 +70,7 @@ CodecStatus StoreFp16Part(const Codec& codec, const Preset& preset, const KvTens
   out->keys.assign(n, 0);
   out->values.assign(n, 0);
   if (count == 0) return {};
-  BlockLayout layout;
-  layout.num_layers = 1;
-  layout.num_kv_heads = 1;
-  layout.head_dim = d;
-  layout.tile_tokens = preset.tile_tokens;
-  layout.record_bytes = preset.RecordBytes(d);
+  const BlockLayout layout = MakeBlockLayout(preset, 1, 1, d);
   std::vector<uint8_t> slot(layout.fp16_block_bytes());
   const CodecStatus s =
       codec.StoreTokens(preset, layout, slot.data(), 0, count, keys.Row(head, first),

@@ -58,12 +58,10 @@ absl::StatusOr<PoolPlan> KvCore::Plan(const CoreConfig& config) {
   if (config.tenant_max_sessions < 1 || config.tenant_max_watchers < 1) {
     return absl::InvalidArgumentError("tenant_max_sessions and tenant_max_watchers must be at least 1");
   }
-  BlockLayout& layout = plan.layout;
-  layout.num_layers = static_cast<int>(config.model.num_layers);
-  layout.num_kv_heads = static_cast<int>(config.model.num_kv_heads);
-  layout.head_dim = static_cast<int>(config.model.head_dim);
-  layout.tile_tokens = preset.tile_tokens;
-  layout.record_bytes = preset.RecordBytes(layout.head_dim);
+  plan.layout = MakeBlockLayout(preset, static_cast<int>(config.model.num_layers),
+                                static_cast<int>(config.model.num_kv_heads),
+                                static_cast<int>(config.model.head_dim));
+  const BlockLayout& layout = plan.layout;
   const uint64_t fp16_capacity = static_cast<uint64_t>(static_cast<double>(config.capacity_bytes) * config.fp16_share);
   const uint64_t quant_blocks = (config.capacity_bytes - fp16_capacity) / layout.quant_block_bytes();
   const uint64_t fp16_blocks = fp16_capacity / layout.fp16_block_bytes();

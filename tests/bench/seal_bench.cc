@@ -98,12 +98,7 @@ int Main(int argc, char** argv) {
   const Flags f = Parse(argc, argv);
   Preset preset;
   if (!ParsePreset("kvarn_k4v2_g128", &preset).ok()) return 1;
-  BlockLayout layout;
-  layout.num_layers = f.layers;
-  layout.num_kv_heads = f.heads;
-  layout.head_dim = 128;
-  layout.tile_tokens = preset.tile_tokens;
-  layout.record_bytes = preset.RecordBytes(layout.head_dim);
+  const BlockLayout layout = MakeBlockLayout(preset, f.layers, f.heads, 128);
   const size_t slot_bytes = layout.fp16_block_bytes();
   const size_t slots = std::max<size_t>(1, (f.mib << 20) / slot_bytes);
   std::vector<uint8_t> input(slots * slot_bytes), output(slots * layout.quant_block_bytes());

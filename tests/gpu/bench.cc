@@ -22,7 +22,6 @@ namespace kvarn::cuda::bench {
 namespace {
 
 using testing::Fmt;
-using testing::MakeLayout;
 using testing::MustParse;
 
 #define BENCH_CUDA(expr)                                                 \
@@ -116,7 +115,7 @@ double CopyBandwidth(cudaStream_t stream, int reps) {
 void BenchEncodeDecode(cudaStream_t stream, const char* preset_name, int layers, int heads, int d,
                        int reps) {
   const Preset preset = MustParse(preset_name);
-  const BlockLayout layout = MakeLayout(preset, layers, heads, d);
+  const BlockLayout layout = MakeBlockLayout(preset, layers, heads, d);
   const int nb = 8;  // rotate over 8 blocks so that L2 does not hold the working set
   uint16_t* fp16 = Alloc<uint16_t>(nb * layout.fp16_block_bytes());
   uint8_t* quant = Alloc<uint8_t>(nb * layout.quant_block_bytes());
@@ -164,7 +163,7 @@ void BenchEncodeDecode(cudaStream_t stream, const char* preset_name, int layers,
 void BenchAttention(cudaStream_t stream, const DeviceLimits& limits, const char* preset_name, int d,
                     int kv_heads, int group, int seqs, int tiles, int splits, int reps) {
   const Preset preset = MustParse(preset_name);
-  const BlockLayout layout = MakeLayout(preset, 1, kv_heads, d);
+  const BlockLayout layout = MakeBlockLayout(preset, 1, kv_heads, d);
   const int g = layout.tile_tokens, hq = kv_heads * group, tail = 64;
   const int64_t nq = static_cast<int64_t>(seqs) * tiles;
   uint8_t* qpool = Alloc<uint8_t>(nq * layout.quant_block_bytes());

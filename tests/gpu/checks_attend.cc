@@ -81,7 +81,7 @@ struct Built {
 Built Build(const Scenario& sc, std::mt19937_64& rng) {
   Built b;
   b.preset = MustParse(sc.preset);
-  b.layout = MakeLayout(b.preset, sc.layers, sc.kv_heads, sc.d);
+  b.layout = MakeBlockLayout(b.preset, sc.layers, sc.kv_heads, sc.d);
   const BlockLayout& L = b.layout;
   const int g = L.tile_tokens, d = L.head_dim;
   const size_t n = L.tile_elems();
@@ -252,7 +252,7 @@ void CheckScheduleIndependence(Report& report) {
   std::mt19937_64 rng(5);
   for (const char* name : {"kvarn_k4v2_g128", "kvarn_k2v4_g64"}) {
     const Preset preset = MustParse(name);
-    const BlockLayout layout = MakeLayout(preset, 1, 2, 64);
+    const BlockLayout layout = MakeBlockLayout(preset, 1, 2, 64);
     const size_t n = layout.tile_elems();
     std::vector<float> k(2 * n), v(2 * n);
     FillTile(rng, 1, layout.tile_tokens, 64, k.data());

@@ -155,7 +155,7 @@ void CheckGolden(KernelRunner& runner, const Coverage& cov, Report& report) {
     const GoldenCase& c = cases[ci];
     for (const auto& gp : c.presets) {
       const Preset preset = MustParse(gp.preset_name);
-      const BlockLayout layout = MakeLayout(preset, 1, 1, c.head_dim);
+      const BlockLayout layout = MakeBlockLayout(preset, 1, 1, c.head_dim);
       const size_t n = layout.tile_elems();
       TileSource in;
       in.keys = c.k.data();
@@ -221,7 +221,7 @@ void CheckEncodeDecode(KernelRunner& runner, const Coverage& cov, Report& report
   for (const auto& [name, d] : pairs) {
     const Preset preset = MustParse(name);
     {
-      const BlockLayout layout = MakeLayout(preset, 1, cov.slots, d);
+      const BlockLayout layout = MakeBlockLayout(preset, 1, cov.slots, d);
       const int g = layout.tile_tokens;
       const size_t n = layout.tile_elems(), slots = layout.slots();
       const std::string tag = Fmt("%s D=%d", name.c_str(), d);
@@ -340,7 +340,7 @@ void CheckStore(KernelRunner& runner, const Coverage& cov, Report& report) {
   for (const char* name : {"kvarn_k4v2_g128", "kivi_k2v2_g64"}) {
     const Preset preset = MustParse(name);
     for (int d : cov.head_dims) {
-      const BlockLayout layout = MakeLayout(preset, 2, 3, d);
+      const BlockLayout layout = MakeBlockLayout(preset, 2, 3, d);
       const int n = 5, first = 7, layers = layout.num_layers, heads = layout.num_kv_heads;
       const std::string tag = Fmt("%s D=%d", name, d);
       const size_t all = static_cast<size_t>(n) * layers * heads * d;

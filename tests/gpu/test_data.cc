@@ -55,16 +55,6 @@ Preset MustParse(const std::string& name) {
   return p;
 }
 
-BlockLayout MakeLayout(const Preset& preset, int layers, int kv_heads, int head_dim) {
-  BlockLayout l;
-  l.num_layers = layers;
-  l.num_kv_heads = kv_heads;
-  l.head_dim = head_dim;
-  l.tile_tokens = preset.tile_tokens;
-  l.record_bytes = preset.RecordBytes(head_dim);
-  return l;
-}
-
 RecordDiff CompareRecords(const Preset& preset, int head_dim, const uint8_t* a, const uint8_t* b) {
   RecordDiff r;
   const size_t bytes = preset.RecordBytes(head_dim);

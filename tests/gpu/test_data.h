@@ -22,9 +22,6 @@ void FillTile(std::mt19937_64& rng, int kind, int g, int d, float* out);
 // Parses a preset name; aborts on a bad one (test code).
 Preset MustParse(const std::string& name);
 
-// A pool layout for `preset`.
-BlockLayout MakeLayout(const Preset& preset, int layers, int kv_heads, int head_dim);
-
 // How two records of the same preset differ. For the fp16 preset only `identical` is set.
 struct RecordDiff {
   double k_codes = 1.0, v_codes = 1.0;  // fraction of equal codes

@@ -67,15 +67,7 @@ inline std::vector<std::string> QuantizedPresetNames() {
 }
 
 // The fp16 slot layout of StoreTokens' tests: 3 layers x 2 kv-heads of head_dim d.
-inline BlockLayout SmallStoreLayout(const Preset& p, int d) {
-  BlockLayout l;
-  l.num_layers = 3;
-  l.num_kv_heads = 2;
-  l.head_dim = d;
-  l.tile_tokens = p.tile_tokens;
-  l.record_bytes = p.RecordBytes(d);
-  return l;
-}
+inline BlockLayout SmallStoreLayout(const Preset& p, int d) { return MakeBlockLayout(p, 3, 2, d); }
 
 // n samples of N(mean, stddev), reproducible from `seed`.
 inline std::vector<float> Gaussian(size_t n, uint32_t seed, float stddev = 1.0f,

@@ -40,11 +40,7 @@ class CudaBackendTest : public ::testing::Test {
     ASSERT_TRUE(b.ok()) << b.status();
     backend_ = std::move(*b);
     ASSERT_TRUE(ParsePreset("kvarn_k4v2_g128", &preset_).ok());
-    layout_.num_layers = 2;
-    layout_.num_kv_heads = 2;
-    layout_.head_dim = 128;
-    layout_.tile_tokens = preset_.tile_tokens;
-    layout_.record_bytes = preset_.RecordBytes(layout_.head_dim);
+    layout_ = MakeBlockLayout(preset_, 2, 2, 128);
   }
 
   // A region, lent to process `owner` (its identity from the probe) when owner != 0.
