@@ -151,7 +151,7 @@ void CommitRingServer::Serve() {
   epoll_event events[64];
   ended_seen_ = core_->sessions_ended();
   // An unknown mask is an empty one: the thread then follows no hint.
-  if (sched_getaffinity(0, sizeof(allowed_), &allowed_) != 0) CPU_ZERO(&allowed_);
+  if (!options_.cpus->GetMask(&allowed_)) CPU_ZERO(&allowed_);
   current_ = allowed_;
   for (;;) {
     if (ready_.empty() && !hot_.empty()) Watch();
@@ -192,7 +192,7 @@ void CommitRingServer::Serve() {
       // A doorbell without records moves nothing: only a batch's hint places the thread.
       const bool records = r->header()->tail.load(std::memory_order_relaxed) != r->head;
       if (options_.follow_client_cpu && records) PlaceThread(hint);
-      const int on = sched_getcpu();
+      const int on = options_.cpus->Current();
       last_cpu_.store(on, std::memory_order_relaxed);
       if (records)
         r->header()->drained_on.store(on >= 0 ? static_cast<uint32_t>(on) + 1 : 0,
@@ -318,7 +318,7 @@ bool CommitRingServer::PlaceForWatch() {
   CPU_XOR(&want, &want, &both);
   if (CPU_COUNT(&want) == 0) return false;
   if (CPU_EQUAL(&want, &current_)) return true;
-  if (sched_setaffinity(0, sizeof(want), &want) != 0) return false;
+  if (!options_.cpus->SetMask(want)) return false;
   current_ = want;
   return true;
 }
@@ -424,7 +424,7 @@ void CommitRingServer::PlaceThread(uint32_t hint) {
     CPU_SET(client.cpu, &want);
   }
   if (!CPU_EQUAL(&want, &current_)) {
-    if (sched_setaffinity(0, sizeof(want), &want) != 0) return;  // e.g. the CPU went offline
+    if (!options_.cpus->SetMask(want)) return;  // e.g. the CPU went offline
     current_ = want;
     if (follow) cpu_moves_.fetch_add(1);
   }

@@ -73,6 +73,7 @@
 #include "daemon/core/clock.h"
 #include "daemon/core/kv_core.h"
 #include "daemon/service/kv_service.h"
+#include "daemon/service/thread_cpus.h"
 
 namespace kvarn {
 
@@ -94,6 +95,9 @@ class CommitRingServer {
     // The watch deadlines' time (tests pass a FakeClock, whose watches end only when it is
     // advanced). Not owned; outlives the server.
     const Clock* clock = SystemClock::Get();
+    // The drain thread's mask and CPU: read at start, narrowed for placement (tests pass a
+    // fake with CPUs the machine lacks). Not owned; outlives the server.
+    const ThreadCpus* cpus = SystemThreadCpus::Get();
   };
   static absl::StatusOr<std::unique_ptr<CommitRingServer>> Start(KvCore* core, Options options,
                                                                  RpcObserver* observer = nullptr);

@@ -15,6 +15,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "common/commit_ring.h"
+#include "tests/daemon/service/fake_thread_cpus.h"
 #include "tests/daemon/service/raw_ring.h"
 #include "tests/daemon/service/service_harness.h"
 
@@ -274,7 +275,8 @@ std::vector<int> MaskCpus() {
 // (threads inherit their creator's mask); the mask is restored before returning. Watches go
 // by `clock`.
 absl::Status StartNarrowed(ServiceHarness& h, const std::vector<int>& cpus, bool follow,
-                           const Clock* clock = SystemClock::Get()) {
+                           const Clock* clock = SystemClock::Get(),
+                           const ThreadCpus* thread_cpus = SystemThreadCpus::Get()) {
   cpu_set_t saved, narrow;
   if (sched_getaffinity(0, sizeof(saved), &saved) != 0) {
     return absl::InternalError("sched_getaffinity");
@@ -287,6 +289,7 @@ absl::Status StartNarrowed(ServiceHarness& h, const std::vector<int>& cpus, bool
   ServiceHarness::Options o = ServiceHarness::WithRings();
   o.ring_options.follow_client_cpu = follow;
   o.ring_options.clock = clock;
+  o.ring_options.cpus = thread_cpus;
   const absl::Status started = h.Start(o);
   sched_setaffinity(0, sizeof(saved), &saved);
   return started;
@@ -455,6 +458,44 @@ TEST_F(CommitRingCpuTest, TheWatchSpinsOnACpuNoClientNamed) {
   EXPECT_EQ(h.rings()->last_cpu(), b);
   EXPECT_TRUE(CommitQuietly(*victim, 2));
   EXPECT_EQ(h.rings()->watched(), 1u);
+  EXPECT_EQ(h.rings()->watches_unplaced(), 0u);
+}
+
+// The same over more CPUs than the machine has (FakeThreadCpus adds c and d to the real a
+// and b), so that it runs on two: with two watched rings' clients on a and c and a plain
+// client's batch pinning the thread to b, the watch goes on on d, the one CPU nobody named,
+// and takes both rings' quiet records there.
+TEST_F(CommitRingCpuTest, TheWatchSpinsOnTheOneCpuNoClientNamed) {
+  FakeClock clock;
+  const int a = cpus_[0], b = cpus_[1];
+  FakeThreadCpus fake({a, b}, 2);
+  ASSERT_EQ(fake.extra().size(), 2u);
+  const int c = fake.extra()[0], d = fake.extra()[1];
+  ServiceHarness h;
+  ASSERT_TRUE(StartNarrowed(h, {a, b}, true, &clock, &fake).ok());
+  auto victim = OpenMapped(h, "v");
+  auto other = OpenMapped(h, "w");
+  auto plain = OpenMapped(h, "x");
+  ASSERT_TRUE(victim.ok() && other.ok() && plain.ok());
+  const auto on = [](int cpu) { return static_cast<uint32_t>(cpu) + 1; };
+  const auto last_mask_is = [&fake](std::initializer_list<int> cpus) {
+    const std::vector<cpu_set_t> set = fake.masks_set();
+    cpu_set_t want;
+    CPU_ZERO(&want);
+    for (int cpu : cpus) CPU_SET(cpu, &want);
+    return !set.empty() && CPU_EQUAL(&set.back(), &want);
+  };
+  ASSERT_EQ(CommitOne(*victim, on(a) | ring::kCpuPipelined, 1), 0);
+  EXPECT_NE(h.rings()->last_cpu(), a);
+  ASSERT_EQ(CommitOne(*other, on(c) | ring::kCpuPipelined, 1), 0);
+  EXPECT_NE(h.rings()->last_cpu(), c);
+  ASSERT_TRUE(WaitFor([&] { return h.rings()->watched() == 2; }));
+  ASSERT_EQ(CommitOne(*plain, on(b), 1), 0);
+  EXPECT_EQ(h.rings()->last_cpu(), b);
+  EXPECT_TRUE(WaitFor([&] { return last_mask_is({d}); })) << "the watch never went to d";
+  EXPECT_TRUE(CommitQuietly(*victim, 2));
+  EXPECT_TRUE(CommitQuietly(*other, 2));
+  EXPECT_EQ(h.rings()->watched(), 2u);
   EXPECT_EQ(h.rings()->watches_unplaced(), 0u);
 }
 
