@@ -25,6 +25,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/mutex.h"
 #include "tests/common/spawn.h"
 
 namespace kvarn::it {
@@ -48,6 +49,43 @@ SpawnOptions TiedToTest(const std::optional<RunAs>& who) {
   options.parent_death_signal = SIGKILL;
   if (who.has_value()) options.user = SpawnUser{who->uid, who->gid};
   return options;
+}
+
+// Whether a user other than the file's owner and group may execute `path`: the file and every
+// directory above it have their "other" execute bit. (The unprivileged user owns none of the
+// build tree.)
+bool OthersMayExecute(const std::filesystem::path& path) {
+  std::filesystem::path at;
+  for (const std::filesystem::path& part : std::filesystem::absolute(path)) {
+    at /= part;
+    struct stat st;
+    if (stat(at.c_str(), &st) != 0 || (st.st_mode & S_IXOTH) == 0) return false;
+  }
+  return true;
+}
+
+// The path `who` runs `binary` from. A build tree other users cannot reach (a checkout in
+// root's home, mode 0700, when the tests run as root) would make every exec as `who` fail
+// with EACCES; the binary is then copied, once per process, into a directory of its own
+// that everyone may read and search, and run from there.
+absl::StatusOr<std::string> ExecutablePath(const std::string& binary,
+                                           const std::optional<RunAs>& who) {
+  if (!who.has_value() || OthersMayExecute(binary)) return binary;
+  static Mutex mu;
+  static TempDir copies;  // removed at exit; the children die with this process
+  MutexLock lock(&mu);
+  if (chmod(copies.path().c_str(), 0755) != 0)
+    return absl::InternalError("chmod of the binaries' directory");
+  const std::string copy = copies.path() + "/" + std::filesystem::path(binary).filename().string();
+  std::error_code ec;
+  if (!std::filesystem::exists(copy, ec)) {
+    std::filesystem::copy_file(binary, copy, ec);
+    if (ec || chmod(copy.c_str(), 0755) != 0) {
+      return absl::InternalError(absl::StrCat("cannot copy ", binary, " where uid ", who->uid,
+                                              " may run it: ", ec.message()));
+    }
+  }
+  return copy;
 }
 
 }  // namespace
@@ -184,7 +222,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions o) {
   spawn.stdout_to = Stdio::Fd(log);
   spawn.stderr_to = Stdio::Fd(log);
   spawn.new_pid_namespace = own_pid_namespace;
-  const absl::StatusOr<pid_t> spawned = SpawnProcess(CommandLine(KvarndBinary(), args), spawn);
+  const absl::StatusOr<std::string> binary = ExecutablePath(KvarndBinary(), o.run_as);
+  if (!binary.ok()) {
+    close(log);
+    return binary.status();
+  }
+  const absl::StatusOr<pid_t> spawned = SpawnProcess(CommandLine(*binary, args), spawn);
   close(log);
   if (!spawned.ok()) return spawned.status();
   const pid_t pid = *spawned;
@@ -268,6 +311,8 @@ absl::StatusOr<std::unique_ptr<Client>> Daemon::Connect() const {
 
 absl::StatusOr<std::unique_ptr<Child>> Child::Spawn(const std::string& binary, const std::vector<std::string>& args,
                                                     std::optional<RunAs> run_as) {
+  const absl::StatusOr<std::string> path = ExecutablePath(binary, run_as);
+  if (!path.ok()) return path.status();
   int in[2], out[2];
   if (pipe2(in, O_CLOEXEC) != 0) return absl::InternalError("pipe");
   if (pipe2(out, O_CLOEXEC) != 0) {
@@ -278,7 +323,7 @@ absl::StatusOr<std::unique_ptr<Child>> Child::Spawn(const std::string& binary, c
   SpawnOptions spawn = TiedToTest(run_as);
   spawn.stdin_from = Stdio::Fd(in[0]);
   spawn.stdout_to = Stdio::Fd(out[1]);
-  const absl::StatusOr<pid_t> pid = SpawnProcess(CommandLine(binary, args), spawn);
+  const absl::StatusOr<pid_t> pid = SpawnProcess(CommandLine(*path, args), spawn);
   close(in[0]);
   close(out[1]);
   if (!pid.ok()) {

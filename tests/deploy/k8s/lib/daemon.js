@@ -287,6 +287,22 @@ function runConfigChecks(model, opts, cache) {
   return check;
 }
 
+// Whether a uid other than the file's owner and group may execute `file`: it and every
+// directory above it have the "other" execute bit.
+function othersMayExecute(file) {
+  let at = path.resolve(file);
+  for (;;) {
+    try {
+      if ((fs.statSync(at).mode & 0o001) === 0) return false;
+    } catch (e) {
+      return false;
+    }
+    const up = path.dirname(at);
+    if (up === at) return true;
+    at = up;
+  }
+}
+
 // kvarnd as the pod runs it, where this process may arrange that (root): as the container's
 // uid and gid, in a socket directory prepared as the DaemonSet's prepare container does
 // (owner kvarnd, 0700), with the tenants file owned and moded as the kubelet writes the Secret
@@ -314,7 +330,15 @@ async function asMounted(model, k, opts, check) {
     const args = [`--config=${conf}`];
     for (const [key, v] of k.flags) if (!['config', 'listen', 'metrics', 'tenants_file'].includes(key)) args.push(`--${key}=${v}`);
     args.push(`--listen=${path.join(run, 'kvarnd.sock')}`, '--metrics=127.0.0.1:0', `--tenants_file=${tenants}`);
-    const st = await startKvarnd(opts.kvarnd, args, { uid: sec.runAsUser, gid: sec.runAsGroup });
+    // A build tree the pod's uid cannot reach (a checkout in root's 0700 home) would refuse
+    // the exec: kvarnd then runs from a copy in this directory.
+    let bin = opts.kvarnd;
+    if (!othersMayExecute(bin)) {
+      bin = path.join(dir, 'kvarnd');
+      fs.copyFileSync(opts.kvarnd, bin);
+      fs.chmodSync(bin, 0o755);
+    }
+    const st = await startKvarnd(bin, args, { uid: sec.runAsUser, gid: sec.runAsGroup });
     const mode = `root:${seen.gid} mode 0${seen.mode.toString(8)}`;
     const ok = check.expect(st.ok, w, `kvarnd refused the tenants file as mounted (${mode}) or did not start: ${st.reason}\n${st.log.trim()}`);
     if (ok) {
