@@ -45,6 +45,7 @@ mount_once bind /sys "$root/sys"
 mount_once bind /dev "$root/dev"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+  mkdir -p "$root/usr/local/share/ca-certificates"
   cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
   chroot "$root" sh -c 'command -v update-ca-certificates >/dev/null && update-ca-certificates >/dev/null || true'
 fi
