@@ -3,6 +3,7 @@
 #include <grpcpp/create_channel.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -32,6 +33,14 @@ template <typename T>
 void SetIds(std::span<const T> ids, google::protobuf::RepeatedField<T>* out) {
   out->Reserve(static_cast<int>(ids.size()));
   for (T t : ids) out->Add(t);
+}
+
+// now + d for a gRPC deadline, saturated: a duration too long for the clock (an infinite one
+// included) is no deadline at all (gRPC reads time_point::max() as infinite).
+std::chrono::system_clock::time_point DeadlineAfter(absl::Duration d) {
+  if (d >= absl::Hours(24 * 365 * 100)) return std::chrono::system_clock::time_point::max();
+  return std::chrono::system_clock::now() +
+         absl::ToChronoMilliseconds(std::max(d, absl::ZeroDuration()));
 }
 
 }  // namespace
@@ -77,7 +86,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
     if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
   }
   auto channel = grpc::CreateCustomChannel(target, creds, args);
-  if (!channel->WaitForConnected(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(connect_timeout))) {
+  if (!channel->WaitForConnected(DeadlineAfter(connect_timeout))) {
     return absl::UnavailableError(absl::StrCat("kvarnd is not reachable at ", target, options.tls ? " (over TLS)" : ""));
   }
   return std::unique_ptr<Client>(new Client(std::move(channel), options, std::move(socket_path)));
@@ -106,7 +115,7 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
   req.set_fp16_layout(v1::FP16_LAYOUT_TOKEN_MAJOR);
   v1::OpenSessionResponse resp;
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.rpc_timeout));
+  ctx.set_deadline(DeadlineAfter(options_.rpc_timeout));
   if (grpc::Status s = stub_->OpenSession(&ctx, req, &resp); !s.ok()) return FromGrpc(s);
   if (resp.pool().fp16_layout() != v1::FP16_LAYOUT_TOKEN_MAJOR) {
     // A kvarnd from before the field: its fp16 blocks are laid out otherwise. Hand the session
@@ -117,8 +126,7 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const SessionOption
     close.mutable_session()->set_epoch(resp.pool().epoch());
     v1::CloseSessionResponse closed;
     grpc::ClientContext close_ctx;
-    close_ctx.set_deadline(std::chrono::system_clock::now() +
-                           absl::ToChronoMilliseconds(options_.rpc_timeout));
+    close_ctx.set_deadline(DeadlineAfter(options_.rpc_timeout));
     (void)stub_->CloseSession(&close_ctx, close, &closed);
     return absl::FailedPreconditionError(
         absl::StrCat("kvarnd's fp16 blocks are ", Fp16LayoutName(resp.pool().fp16_layout()),
@@ -136,7 +144,7 @@ absl::StatusOr<v1::DescribeResponse> Client::Describe() {
   v1::DescribeRequest req;
   v1::DescribeResponse resp;
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.rpc_timeout));
+  ctx.set_deadline(DeadlineAfter(options_.rpc_timeout));
   if (grpc::Status s = stub_->Describe(&ctx, req, &resp); !s.ok()) return FromGrpc(s);
   return resp;
 }
@@ -296,7 +304,7 @@ v1::SessionRef Session::Ref() const {
 }
 
 grpc::ClientContext* Session::Prepare(grpc::ClientContext* ctx) const {
-  ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(client_->options().rpc_timeout));
+  ctx->set_deadline(DeadlineAfter(client_->options().rpc_timeout));
   return ctx;
 }
 

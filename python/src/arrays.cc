@@ -58,6 +58,28 @@ bool CContiguous(const pyb::array& a) {
   return (a.flags() & pyb::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_) != 0;
 }
 
+namespace {
+
+// The addresses of a's lowest and highest byte ([lo, hi)); lo == hi for an empty array.
+std::pair<uintptr_t, uintptr_t> Span(const pyb::array& a) {
+  const auto base = reinterpret_cast<uintptr_t>(a.data());
+  if (a.size() == 0) return {base, base};
+  intptr_t lo = 0, hi = 0;
+  for (pyb::ssize_t i = 0; i < a.ndim(); ++i) {
+    const intptr_t reach = static_cast<intptr_t>(a.strides(i)) * (a.shape(i) - 1);
+    (reach < 0 ? lo : hi) += reach;
+  }
+  return {base + lo, base + hi + a.itemsize()};
+}
+
+}  // namespace
+
+bool MemoryOverlaps(const pyb::array& a, const pyb::array& b) {
+  const auto [alo, ahi] = Span(a);
+  const auto [blo, bhi] = Span(b);
+  return alo < bhi && blo < ahi;
+}
+
 std::string ShapeString(const std::vector<pyb::ssize_t>& shape) {
   std::string s = "(";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
@@ -76,7 +98,8 @@ bool HasShape(const pyb::array& a, const std::vector<pyb::ssize_t>& shape) {
   return true;
 }
 
-FloatInput AsFloat(pyb::handle obj, const std::string& what, bool allow_f16) {
+FloatInput AsFloat(pyb::handle obj, const std::string& what, bool allow_f16,
+                   const ShapeCheck& check) {
   FloatInput in;
   bool converted = false;
   in.array = ToNumpy(obj, what, &in.from_torch, &converted);
@@ -85,6 +108,7 @@ FloatInput AsFloat(pyb::handle obj, const std::string& what, bool allow_f16) {
     ThrowType(what + " has dtype " + DtypeName(in.array) + "; expected a float array (float32" +
               (allow_f16 ? " or float16)" : ")"));
   }
+  if (check) check(in.array);
   const bool native = dt.attr("isnative").cast<bool>();
   const bool plain = native && CContiguous(in.array);
   if (plain && dt.itemsize() == 4) {

@@ -16,6 +16,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -40,9 +41,15 @@ struct FloatInput {
   const void* data() const { return array.data(); }
 };
 
+// Throws (ValueError) when an array's shape is not what a call takes.
+using ShapeCheck = std::function<void(const pyb::array&)>;
+
 // Float K/V or queries. allow_f16: float16 stays float16 (calls that take fp16 bits);
-// otherwise every float dtype becomes float32. TypeError for non-float dtypes.
-FloatInput AsFloat(pyb::handle obj, const std::string& what, bool allow_f16);
+// otherwise every float dtype becomes float32. TypeError for non-float dtypes. `check`, when
+// given, sees the array before any conversion: a wrong shape is refused before a copy is made
+// (a broadcast view of a terabyte is refused, not copied).
+FloatInput AsFloat(pyb::handle obj, const std::string& what, bool allow_f16,
+                   const ShapeCheck& check = nullptr);
 
 // Converts both to float32 unless their dtypes already agree (the C++ calls take one dtype
 // for keys and values).
@@ -54,6 +61,8 @@ std::string ShapeString(const pyb::array& a);
 std::string ShapeString(const std::vector<pyb::ssize_t>& shape);
 bool HasShape(const pyb::array& a, const std::vector<pyb::ssize_t>& shape);
 bool CContiguous(const pyb::array& a);
+// Whether the bytes the two arrays span (from their lowest to their highest element) overlap.
+bool MemoryOverlaps(const pyb::array& a, const pyb::array& b);
 
 struct TokenIds {
   pyb::array array;  // C-contiguous uint32, 1-D
@@ -65,6 +74,11 @@ struct TokenIds {
 // Token ids: a sequence of ints, a 1-D integer numpy array or torch tensor, each id in
 // [0, 2^32). ValueError out of range or not 1-D, TypeError for non-integers.
 TokenIds AsTokenIds(pyb::handle obj, const std::string& what);
+
+// An int parameter's argument: an int or an object with __index__ (a numpy integer), never
+// one converted through __int__ (a numpy float, a Fraction), which would truncate 2.5 to 2.
+// Anything else is pybind11's TypeError.
+inline pyb::arg IntArg(const char* name) { return pyb::arg(name).noconvert(); }
 
 // A new C-contiguous float32 array.
 pyb::array_t<float> NewF32(const std::vector<pyb::ssize_t>& shape);

@@ -14,7 +14,9 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <utility>
 
@@ -47,20 +49,28 @@ struct KvInput {
 KvInput AsKv(const Session& s, pyb::handle keys, pyb::handle values, ssize_t n,
              const std::string& call) {
   const BlockLayout& l = s.block_layout();
-  KvInput kv{AsFloat(keys, "keys", /*allow_f16=*/true),
-             AsFloat(values, "values", /*allow_f16=*/true), n};
-  if (kv.tokens < 0) kv.tokens = kv.keys.array.ndim() == 4 ? kv.keys.array.shape(0) : 0;
-  const std::vector<ssize_t> want = {kv.tokens, l.num_layers, l.num_kv_heads, l.head_dim};
-  const auto check = [&](const char* name, const FloatInput& in) {
-    if (HasShape(in.array, want)) return;
-    ThrowValue(
-        absl::StrCat(name, " has shape ", ShapeString(in.array), "; ", call,
-                     " needs (tokens, num_layers, num_kv_heads, head_dim) = ", ShapeString(want),
-                     n < 0 ? "" : absl::StrCat(" for ", n, n == 1 ? " token id" : " token ids")));
+  ssize_t tokens = n;
+  // Each array's shape is checked before it is converted (AsFloat): the keys first, whose
+  // first dimension gives the token count when n < 0.
+  const auto shape_of = [&](const char* name) {
+    return [&, name](const pyb::array& a) {
+      if (tokens < 0) tokens = a.ndim() == 4 ? a.shape(0) : 0;
+      const std::vector<ssize_t> want = {tokens, l.num_layers, l.num_kv_heads, l.head_dim};
+      if (HasShape(a, want)) return;
+      ThrowValue(
+          absl::StrCat(name, " has shape ", ShapeString(a), "; ", call,
+                       " needs (tokens, num_layers, num_kv_heads, head_dim) = ", ShapeString(want),
+                       n < 0 ? "" : absl::StrCat(" for ", n, n == 1 ? " token id" : " token ids")));
+    };
   };
-  check("keys", kv.keys);
-  check("values", kv.values);
+  KvInput kv{AsFloat(keys, "keys", /*allow_f16=*/true, shape_of("keys")), {}, 0};
+  kv.values = AsFloat(values, "values", /*allow_f16=*/true, shape_of("values"));
+  kv.tokens = tokens;
   if (kv.tokens == 0) ThrowValue(call + " needs at least one token");
+  if (kv.tokens > std::numeric_limits<int>::max()) {
+    ThrowValue(absl::StrCat(call, " of ", kv.tokens, " tokens: at most ",
+                            std::numeric_limits<int>::max(), " in one call"));
+  }
   MatchDtypes(&kv.keys, &kv.values, "keys", "values");
   return kv;
 }
@@ -76,7 +86,12 @@ uint64_t AsId(pyb::handle h, const std::string& what) {
   const pyb::int_ v = pyb::reinterpret_steal<pyb::int_>(PyNumber_Index(h.ptr()));
   if (!v) throw pyb::error_already_set();
   if (v < pyb::int_(0)) ThrowValue(what + " is negative; ids are non-negative ints");
-  return v.cast<uint64_t>();
+  const unsigned long long id = PyLong_AsUnsignedLongLong(v.ptr());
+  if (id == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+    PyErr_Clear();
+    ThrowOverflow(what + " is " + std::string(pyb::str(pyb::handle(v))) + "; ids are below 2^64");
+  }
+  return id;
 }
 
 // Append or AppendInline of any number of tokens: split where the tail slot fills (the daemon
@@ -163,9 +178,9 @@ the daemon's). Fields: ``model_id`` (str, part of the prefix-hash namespace), ``
              return Layout{std::move(model_id), num_layers, num_kv_heads, head_dim,
                            std::move(preset),   sink_tokens};
            }),
-           pyb::arg("model_id") = "model", pyb::arg("num_layers") = 0, pyb::arg("num_kv_heads") = 0,
-           pyb::arg("head_dim") = 128, pyb::arg("preset") = "kvarn_k4v2_g128",
-           pyb::arg("sink_tokens") = 128, "A layout; every field is a keyword argument.")
+           pyb::arg("model_id") = "model", IntArg("num_layers") = 0, IntArg("num_kv_heads") = 0,
+           IntArg("head_dim") = 128, pyb::arg("preset") = "kvarn_k4v2_g128",
+           IntArg("sink_tokens") = 128, "A layout; every field is a keyword argument.")
       .def_readwrite("model_id", &Layout::model_id, "Model id (str).")
       .def_readwrite("num_layers", &Layout::num_layers, "Layers of the model.")
       .def_readwrite("num_kv_heads", &Layout::num_kv_heads, "KV-heads per layer.")
@@ -273,8 +288,10 @@ Thread safety: methods may be called from any thread; blocking calls release the
                         bool map_pool, bool tls, std::string tls_root_certs,
                         std::string tls_cert_chain, std::string tls_private_key,
                         std::string tls_server_name) {
-             if (rpc_timeout <= 0 || connect_timeout <= 0)
+             // NaN fails both comparisons; inf (or anything past a century) is no deadline.
+             if (!(rpc_timeout > 0) || !(connect_timeout > 0))
                ThrowValue("timeouts are positive seconds");
+             if (target.find('\0') != std::string::npos) ThrowValue("target holds a NUL character");
              ClientOptions o;
              o.rpc_timeout = absl::Seconds(rpc_timeout);
              o.map_pool = map_pool;
@@ -337,9 +354,8 @@ Thread safety: methods may be called from any thread; blocking calls release the
             return std::make_unique<PySession>(std::move(shared));
           },
           pyb::arg("tenant"), pyb::kw_only(), pyb::arg("layout") = pyb::none(),
-          pyb::arg("max_sequences") = 0, pyb::arg("tenant_token") = "",
-          pyb::arg("admin_token") = "", pyb::arg("client_name") = "python",
-          pyb::arg("observer") = false,
+          IntArg("max_sequences") = 0, pyb::arg("tenant_token") = "", pyb::arg("admin_token") = "",
+          pyb::arg("client_name") = "python", pyb::arg("observer") = false,
           R"doc(Opens a session (a lease kept alive by a background thread of the C++ client).
 
 ``tenant``: the tenant label (with a tenants file, also ``tenant_token``). ``layout``: the
@@ -429,7 +445,7 @@ Returns a SequenceInfo: ``id, cached_tokens, table``; append the K/V of the prom
                               kv.keys.dtype);
             });
           },
-          pyb::arg("sequence"), pyb::arg("keys"), pyb::arg("values"),
+          IntArg("sequence"), pyb::arg("keys"), pyb::arg("values"),
           R"doc(Writes the K/V of new tokens into the sequence's tail slot in shared memory (rotated,
 fp16), after what is already staged; no RPC. ``commit`` then declares them with their token
 ids. kvarn.InvalidArgumentError past the end of the tail slot or for NaN/Inf.)doc")
@@ -440,7 +456,7 @@ ids. kvarn.InvalidArgumentError past the end of the tail slot or for NaN/Inf.)do
             TokenIds t = AsTokenIds(ids, "token_ids");
             return Blocking([&] { return s->Commit(seq, t.ids()); });
           },
-          pyb::arg("sequence"), pyb::arg("token_ids"),
+          IntArg("sequence"), pyb::arg("token_ids"),
           "Commits every staged token with its token id (as many ids as staged tokens); the daemon "
           "seals the tile "
           "when it fills. Returns an AppendInfo.")
@@ -455,7 +471,7 @@ ids. kvarn.InvalidArgumentError past the end of the tail slot or for NaN/Inf.)do
                                    return s->Append(q, part, k, v, d);
                                  });
           },
-          pyb::arg("sequence"), pyb::arg("token_ids"), pyb::arg("keys"), pyb::arg("values"),
+          IntArg("sequence"), pyb::arg("token_ids"), pyb::arg("keys"), pyb::arg("values"),
           R"doc(Stages and commits the K/V of new tokens (``stage`` + ``commit``): keys and values
 (len(token_ids), num_layers, num_kv_heads, head_dim). More tokens than the tail slot has
 room for are appended in parts, split where each tile fills (each part committed in turn; an
@@ -473,7 +489,7 @@ error in a later part leaves the earlier ones committed). Returns the last part'
                                    return s->AppendInline(q, part, k, v, d);
                                  });
           },
-          pyb::arg("sequence"), pyb::arg("token_ids"), pyb::arg("keys"), pyb::arg("values"),
+          IntArg("sequence"), pyb::arg("token_ids"), pyb::arg("keys"), pyb::arg("values"),
           "As append, with the K/V carried in the request instead of shared memory (remote "
           "sessions).")
       .def(
@@ -487,7 +503,7 @@ ended session, a stale epoch) are raised.)doc")
           [](PySession& ps, uint64_t seq) {
             return Blocking([&, s = ps.Get()] { return s->Fork(seq); });
           },
-          pyb::arg("sequence"),
+          IntArg("sequence"),
           "A new sequence sharing every sealed block of this one (the partial tail is copied). "
           "Returns a "
           "SequenceInfo.")
@@ -508,9 +524,9 @@ ended session, a stale epoch) are raised.)doc")
           "cached for prefix hits.")
       .def(
           "table", [](const PySession& ps, uint64_t seq) { return Value(ps.Get()->Table(seq)); },
-          pyb::arg("sequence"),
+          IntArg("sequence"),
           "The sequence's SequenceTable as the daemon last returned it (no RPC).")
-      .def("attend", &Attend, pyb::arg("sequence"), pyb::arg("layer"), pyb::arg("queries"),
+      .def("attend", &Attend, IntArg("sequence"), IntArg("layer"), pyb::arg("queries"),
            pyb::arg("out") = pyb::none(), pyb::arg("return_lse") = false,
            R"doc(Decode attention of one layer over the whole sequence, read in place from shared
 memory (fp16 sink, quantized tiles, fp16 tail; no RPC). ``queries``: (num_query_heads,
@@ -523,15 +539,15 @@ is the natural log of the softmax denominator over the sequence (scaled scores),
 merges exactly with attention over tokens not committed yet (a decode step's own token):
 ``w = exp(lse - m), u = exp(s_new - m)``, ``(w * out + u * v_new) / (w + u)``. On host and
 CUDA pools.)doc")
-      .def("dequantize", &Dequantize, pyb::arg("sequence"), pyb::arg("layer") = pyb::none(),
+      .def("dequantize", &Dequantize, IntArg("sequence"), IntArg("layer") = pyb::none(),
            R"doc(The sequence's K/V as the pool holds them, dequantized, original frame, float32:
 ``(keys, values)`` of shape (tokens, num_layers, num_kv_heads, head_dim), the layout append
 takes, or (tokens, num_kv_heads, head_dim) for one ``layer``. Read in place from the mapped
 pool (sink and tail converted from fp16, tiles decoded by the codec); a session without a
 host mapping (remote, or a pool in GPU memory) reads through the Read RPC instead.)doc")
       .def(
-          "dequantize_block", &DequantizeBlock, pyb::arg("block"), pyb::arg("layer") = pyb::none(),
-          pyb::arg("head") = pyb::none(),
+          "dequantize_block", &DequantizeBlock, IntArg("block"), IntArg("layer") = pyb::none(),
+          IntArg("head") = pyb::none(),
           R"doc(One quantized block dequantized in place (``Session::DequantizeBlock``), original frame,
 float32: ``(keys, values)`` of shape (num_layers, num_kv_heads, G, head_dim), or without the
 leading axes fixed by ``layer`` and ``head``.)doc")
@@ -554,7 +570,7 @@ leading axes fixed by ``layer`` and ``head``.)doc")
             std::memcpy(out.mutable_data(), s->QuantBlock(block), l.quant_block_bytes());
             return out;
           },
-          pyb::arg("block"),
+          IntArg("block"),
           "A copy of a quantized block's raw bytes, uint8 (num_layers, num_kv_heads, "
           "record_bytes): one codec record "
           "per (layer, kv-head), as kvarn.codec.decode reads them.")
@@ -582,8 +598,7 @@ leading axes fixed by ``layer`` and ``head``.)doc")
             std::copy(v.begin(), v.end(), values.mutable_data());
             return pyb::make_tuple(keys, values);
           },
-          pyb::arg("sequence"), pyb::arg("layer"), pyb::arg("start") = 0,
-          pyb::arg("count") = pyb::none(),
+          IntArg("sequence"), IntArg("layer"), IntArg("start") = 0, IntArg("count") = pyb::none(),
           "Dequantized K/V of tokens [start, start + count) of one layer through the Read RPC (the "
           "daemon decodes; "
           "works remotely): (keys, values) float32 (count, num_kv_heads, head_dim). count defaults "
@@ -619,7 +634,7 @@ leading axes fixed by ``layer`` and ``head``.)doc")
             std::shared_ptr<Session> s = ps.Get();
             return MessageToDict(Blocking([&] { return s->Evict(sc, bytes, tenant); }));
           },
-          pyb::arg("scope") = "tenant", pyb::kw_only(), pyb::arg("bytes") = 0,
+          pyb::arg("scope") = "tenant", pyb::kw_only(), IntArg("bytes") = 0,
           pyb::arg("tenant") = "",
           R"doc(Evicts unreferenced cached blocks: scope ``"tenant"`` (the caller's tenant's, or
 ``tenant`` for admins), ``"bytes"`` (at least ``bytes``, least recently used first; admin) or

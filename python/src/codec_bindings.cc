@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,16 @@ Preset Parsed(const std::string& name) {
   return p;
 }
 
+// A preset name given as a str; ValueError for one UTF-8 cannot carry (a lone surrogate).
+std::string PresetName(pyb::handle name) {
+  Py_ssize_t n = 0;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(name.ptr(), &n);
+  if (utf8 == nullptr) {
+    PyErr_Clear();
+    ThrowValue("preset name " + std::string(pyb::repr(name)) + " is not valid UTF-8 text");
+  }
+  return std::string(utf8, static_cast<size_t>(n));
+}
 
 void CheckHeadDimArg(ssize_t d, const std::string& what) {
   if (d > 4096 || !CheckHeadDim(static_cast<int>(d)).ok()) {
@@ -70,23 +81,25 @@ void CheckFinite(const pyb::array& a, const std::string& what) {
 
 // K or V of a sequence for codec eval: [T, D] or [H, T, D].
 ctl::KvTensor AsSequence(pyb::handle obj, const std::string& what) {
-  FloatInput in = AsFloat(obj, what, /*allow_f16=*/false);
+  const FloatInput in = AsFloat(obj, what, /*allow_f16=*/false, [&](const pyb::array& a) {
+    if (a.ndim() != 2 && a.ndim() != 3) {
+      ThrowValue(absl::StrCat(
+          what, " has shape ", ShapeString(a), "; expected (T, D) or (H, T, D)",
+          a.ndim() == 4 ? " (for a PyTorch (B, H, T, D) cache, pass one batch entry: k[b])" : ""));
+    }
+    const ssize_t heads = a.ndim() == 3 ? a.shape(0) : 1, tokens = a.shape(a.ndim() - 2);
+    if (heads < 1 || tokens < 1)
+      ThrowValue(absl::StrCat(what, " has shape ", ShapeString(a), ": no tokens"));
+    if (heads > 4096 || tokens > std::numeric_limits<int>::max())
+      ThrowValue(absl::StrCat(what, " has shape ", ShapeString(a), ": too many"));
+    CheckHeadDimArg(a.shape(a.ndim() - 1), absl::StrCat(what, " has shape ", ShapeString(a)));
+  });
   const pyb::array& a = in.array;
-  if (a.ndim() != 2 && a.ndim() != 3) {
-    ThrowValue(absl::StrCat(
-        what, " has shape ", ShapeString(a), "; expected (T, D) or (H, T, D)",
-        a.ndim() == 4 ? " (for a PyTorch (B, H, T, D) cache, pass one batch entry: k[b])" : ""));
-  }
-  const ssize_t heads = a.ndim() == 3 ? a.shape(0) : 1, tokens = a.shape(a.ndim() - 2),
-                dim = a.shape(a.ndim() - 1);
-  if (heads < 1 || tokens < 1)
-    ThrowValue(absl::StrCat(what, " has shape ", ShapeString(a), ": no tokens"));
-  CheckHeadDimArg(dim, absl::StrCat(what, " has shape ", ShapeString(a)));
   CheckFinite(a, what);
   ctl::KvTensor t;
-  t.heads = static_cast<int>(heads);
-  t.tokens = static_cast<int>(tokens);
-  t.head_dim = static_cast<int>(dim);
+  t.heads = a.ndim() == 3 ? static_cast<int>(a.shape(0)) : 1;
+  t.tokens = static_cast<int>(a.shape(a.ndim() - 2));
+  t.head_dim = static_cast<int>(a.shape(a.ndim() - 1));
   t.rank2 = a.ndim() == 2;
   t.path = what;
   const auto* x = static_cast<const float*>(a.data());
@@ -97,22 +110,24 @@ ctl::KvTensor AsSequence(pyb::handle obj, const std::string& what) {
 // Decode queries as kvarnctl's LoadQueries takes them: (Nq, D), the same for every kv-head,
 // or (Hq, Nq, D) with Hq a multiple of the kv-heads.
 ctl::QuerySet AsQueries(pyb::handle obj, const ctl::KvTensor& keys) {
-  FloatInput in = AsFloat(obj, "queries", /*allow_f16=*/false);
-  const pyb::array& a = in.array;
   const std::string expected = absl::StrCat("expected (Nq, ", keys.head_dim, ") or (H*g, Nq, ",
                                             keys.head_dim, ") with H = ", keys.heads, " kv-heads");
-  if (a.ndim() != 2 && a.ndim() != 3)
-    ThrowValue(absl::StrCat("queries has shape ", ShapeString(a), "; ", expected));
-  if (a.shape(a.ndim() - 1) != keys.head_dim) {
-    ThrowValue(absl::StrCat("queries has shape ", ShapeString(a), ": head_dim ",
-                            a.shape(a.ndim() - 1), " does not match the keys' ", keys.head_dim));
-  }
+  const FloatInput in = AsFloat(obj, "queries", /*allow_f16=*/false, [&](const pyb::array& a) {
+    if (a.ndim() != 2 && a.ndim() != 3)
+      ThrowValue(absl::StrCat("queries has shape ", ShapeString(a), "; ", expected));
+    if (a.shape(a.ndim() - 1) != keys.head_dim) {
+      ThrowValue(absl::StrCat("queries has shape ", ShapeString(a), ": head_dim ",
+                              a.shape(a.ndim() - 1), " does not match the keys' ", keys.head_dim));
+    }
+    const ssize_t qheads = a.ndim() == 3 ? a.shape(0) : 0, per_head = a.shape(a.ndim() - 2);
+    if (per_head < 1 || (a.ndim() == 3 && (qheads < 1 || qheads % keys.heads != 0))) {
+      ThrowValue(absl::StrCat("queries has shape ", ShapeString(a), "; ", expected));
+    }
+    if (per_head > 4096 || qheads > 4096)
+      ThrowValue(absl::StrCat("queries has shape ", ShapeString(a), ": too many"));
+  });
+  const pyb::array& a = in.array;
   const ssize_t qheads = a.ndim() == 3 ? a.shape(0) : 0, per_head = a.shape(a.ndim() - 2);
-  if (per_head < 1 || (a.ndim() == 3 && (qheads < 1 || qheads % keys.heads != 0))) {
-    ThrowValue(absl::StrCat("queries has shape ", ShapeString(a), "; ", expected));
-  }
-  if (per_head > 4096 || qheads > 4096)
-    ThrowValue(absl::StrCat("queries has shape ", ShapeString(a), ": too many"));
   CheckFinite(a, "queries");
   const auto* x = static_cast<const float*>(a.data());
   ctl::QuerySet q;
@@ -138,23 +153,28 @@ pyb::array Encode(const std::string& preset_name, pyb::object keys, pyb::object 
     ThrowValue(absl::StrCat("iterations ", iterations, " is not in [0, ",
                             EncodeOptions::kMaxIterations, "]"));
   }
-  FloatInput k = AsFloat(keys, "keys", /*allow_f16=*/true),
-             v = AsFloat(values, "values", /*allow_f16=*/true);
+  // Both shapes are checked before either array is converted (AsFloat): the keys', then the
+  // values' against them.
+  std::vector<ssize_t> shape;
+  FloatInput k = AsFloat(keys, "keys", /*allow_f16=*/true, [&](const pyb::array& ka) {
+    const ssize_t nd = ka.ndim();
+    if (nd < 2 || ka.shape(nd - 2) != p.tile_tokens) {
+      ThrowValue(absl::StrCat("keys has shape ", ShapeString(ka), "; ", p.Name(),
+                              " encodes tiles of shape (..., ", p.tile_tokens,
+                              ", D): G = ", p.tile_tokens, " tokens, token-major"));
+    }
+    CheckHeadDimArg(ka.shape(nd - 1), absl::StrCat("keys has shape ", ShapeString(ka)));
+    shape.assign(ka.shape(), ka.shape() + nd);
+  });
+  FloatInput v = AsFloat(values, "values", /*allow_f16=*/true, [&](const pyb::array& va) {
+    if (!HasShape(va, shape)) {
+      ThrowValue(absl::StrCat("keys has shape ", ShapeString(shape), " but values has shape ",
+                              ShapeString(va), "; keys and values must have the same shape"));
+    }
+  });
   MatchDtypes(&k, &v, "keys", "values");
   const pyb::array& ka = k.array;
-  const ssize_t nd = ka.ndim();
-  if (nd < 2 || ka.shape(nd - 2) != p.tile_tokens) {
-    ThrowValue(absl::StrCat("keys has shape ", ShapeString(ka), "; ", p.Name(),
-                            " encodes tiles of shape (..., ", p.tile_tokens,
-                            ", D): G = ", p.tile_tokens, " tokens, token-major"));
-  }
-  const ssize_t d = ka.shape(nd - 1);
-  CheckHeadDimArg(d, absl::StrCat("keys has shape ", ShapeString(ka)));
-  const std::vector<ssize_t> shape(ka.shape(), ka.shape() + nd);
-  if (!HasShape(v.array, shape)) {
-    ThrowValue(absl::StrCat("keys has shape ", ShapeString(ka), " but values has shape ",
-                            ShapeString(v.array), "; keys and values must have the same shape"));
-  }
+  const ssize_t d = shape.back();
   const size_t record = p.RecordBytes(static_cast<int>(d));
   std::vector<ssize_t> out_shape(shape.begin(), shape.end() - 2);
   out_shape.push_back(static_cast<ssize_t>(record));
@@ -192,9 +212,10 @@ pyb::tuple Decode(const std::string& preset_name, pyb::object records, std::opti
     ThrowValue("frame '" + frame + "' is not 'original' or 'storage'");
   pyb::module_ np = pyb::module_::import("numpy");
   pyb::array a;
-  if (pyb::isinstance<pyb::bytes>(records) || pyb::isinstance<pyb::bytearray>(records) ||
-      pyb::isinstance<pyb::memoryview>(records)) {
+  if (pyb::isinstance<pyb::bytes>(records) || pyb::isinstance<pyb::bytearray>(records)) {
     a = np.attr("frombuffer")(records, "uint8");
+  } else if (pyb::isinstance<pyb::memoryview>(records)) {
+    a = np.attr("asarray")(records);  // keeps a shaped (or strided) view's shape
   } else {
     a = AsNumpy(records, "records");
   }
@@ -203,7 +224,6 @@ pyb::tuple Decode(const std::string& preset_name, pyb::object records, std::opti
                            "; records are uint8 bytes"));
   }
   if (a.ndim() < 1) ThrowValue("records is a scalar; a record is a 1-D array of bytes");
-  a = np.attr("ascontiguousarray")(a);
   const size_t bytes = static_cast<size_t>(a.shape(a.ndim() - 1));
   int d = 0;
   if (head_dim) {
@@ -216,6 +236,7 @@ pyb::tuple Decode(const std::string& preset_name, pyb::object records, std::opti
   } else {
     Check(ctl::InferHeadDim(p, bytes, &d));
   }
+  a = np.attr("ascontiguousarray")(a);  // after the size checks: no copy of what is refused
   std::vector<ssize_t> shape(a.shape(), a.shape() + a.ndim() - 1);
   shape.push_back(p.tile_tokens);
   shape.push_back(d);
@@ -243,11 +264,11 @@ pyb::object Eval(pyb::object presets, pyb::object keys, pyb::object values, pyb:
   const bool single = pyb::isinstance<pyb::str>(presets);
   std::vector<Preset> list;
   if (single) {
-    list.push_back(Parsed(presets.cast<std::string>()));
+    list.push_back(Parsed(PresetName(presets)));
   } else {
     for (pyb::handle h : presets) {
       if (!pyb::isinstance<pyb::str>(h)) ThrowType("presets is a preset name or a list of them");
-      list.push_back(Parsed(h.cast<std::string>()));
+      list.push_back(Parsed(PresetName(h)));
     }
     if (list.empty()) ThrowValue("presets is empty");
   }
@@ -306,7 +327,7 @@ pyb::dict PresetInfo(const std::string& name, int head_dim) {
 
 void BindCodec(pyb::module_& m) {
   m.def("presets", &AllPresetNames, "Every valid preset name.");
-  m.def("preset_info", &PresetInfo, pyb::arg("preset"), pyb::arg("head_dim") = 128,
+  m.def("preset_info", &PresetInfo, pyb::arg("preset"), IntArg("head_dim") = 128,
         "A preset's parameters for a head_dim (dict): name, method, key_bits, value_bits, "
         "tile_tokens, rotates, "
         "balances, head_dim, record_bytes (one tile of one head), bits_per_element (scales "
@@ -320,7 +341,7 @@ void BindCodec(pyb::module_& m) {
       },
       "The codec in use: (name, instruction set), e.g. ('simd', 'AVX2').");
   m.def("encode", &Encode, pyb::arg("preset"), pyb::arg("keys"), pyb::arg("values"), pyb::kw_only(),
-        pyb::arg("iterations") = kDefaultIterations,
+        IntArg("iterations") = kDefaultIterations,
         R"doc(Quantizes tiles into records (``Codec::EncodeTile``, what ``kvarnctl codec encode``
 does). ``keys`` and ``values``: float arrays of shape (..., G, D), G the preset's tile tokens,
 D in 64, 128, 256, 512, original frame (as the attention layer made them). Returns uint8
@@ -328,7 +349,7 @@ records of shape (..., record_bytes); ``encode(p, k, v).tobytes()`` for one tile
 record file kvarnctl writes. ``iterations``: balancing iterations (0..64).
 kvarn.InvalidArgumentError for NaN/Inf or values fp16 scales cannot represent.)doc");
   m.def("decode", &Decode, pyb::arg("preset"), pyb::arg("records"), pyb::kw_only(),
-        pyb::arg("head_dim") = pyb::none(), pyb::arg("frame") = "original",
+        IntArg("head_dim") = pyb::none(), pyb::arg("frame") = "original",
         R"doc(Dequantizes records (``Codec::DecodeTile``, what ``kvarnctl codec decode`` does):
 ``records`` is bytes or a uint8 array (..., record_bytes). Returns ``(keys, values)`` float32
 (..., G, D), in the original frame (``frame="storage"``: the preset's rotated storage frame).
@@ -336,8 +357,7 @@ kvarn.InvalidArgumentError for NaN/Inf or values fp16 scales cannot represent.)d
   m.def(
       "eval", &Eval, pyb::arg("presets"), pyb::arg("keys"), pyb::arg("values"), pyb::kw_only(),
       pyb::arg("queries") = pyb::none(), pyb::arg("sink_tokens") = "G",
-      pyb::arg("iterations") = kDefaultIterations, pyb::arg("random_queries") = 16,
-      pyb::arg("seed") = 1,
+      IntArg("iterations") = kDefaultIterations, IntArg("random_queries") = 16, IntArg("seed") = 1,
       R"doc(How well presets keep this K/V (``kvarnctl codec eval``, the same code): keys and values
 of one layer, (T, D) or (H, T, D), run through the daemon's sequence policy (an fp16 sink of
 the first G tokens unless ``sink_tokens=0``, quantized G-token tiles, an fp16 tail).

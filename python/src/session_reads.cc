@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -147,14 +148,21 @@ pyb::object Attend(PySession& ps, uint64_t seq, int layer, pyb::object queries, 
   std::shared_ptr<Session> s = ps.Get();
   const BlockLayout& l = s->block_layout();
   CheckLayer(*s, layer);
-  FloatInput q = AsFloat(queries, "queries", /*allow_f16=*/false);
-  const ssize_t hq = q.array.ndim() == 2 ? q.array.shape(0) : 0;
-  if (q.array.ndim() != 2 || q.array.shape(1) != l.head_dim || hq < l.num_kv_heads ||
-      hq % l.num_kv_heads != 0) {
-    ThrowValue(absl::StrCat(
-        "queries has shape ", ShapeString(q.array), "; attend needs (num_query_heads, ", l.head_dim,
-        ") with num_query_heads a multiple of the ", l.num_kv_heads, " kv-heads"));
-  }
+  // The shape is checked before the queries are converted (no copy of what is refused).
+  FloatInput q = AsFloat(queries, "queries", /*allow_f16=*/false, [&](const pyb::array& a) {
+    const ssize_t heads = a.ndim() == 2 ? a.shape(0) : 0;
+    if (a.ndim() != 2 || a.shape(1) != l.head_dim || heads < l.num_kv_heads ||
+        heads % l.num_kv_heads != 0) {
+      ThrowValue(absl::StrCat(
+          "queries has shape ", ShapeString(a), "; attend needs (num_query_heads, ", l.head_dim,
+          ") with num_query_heads a multiple of the ", l.num_kv_heads, " kv-heads"));
+    }
+    if (heads > std::numeric_limits<int>::max()) {
+      ThrowValue(absl::StrCat("queries has shape ", ShapeString(a), "; attend takes at most ",
+                              std::numeric_limits<int>::max(), " query heads"));
+    }
+  });
+  const ssize_t hq = q.array.shape(0);
   pyb::array result;
   if (out.is_none()) {
     result = NewF32({hq, l.head_dim});
@@ -174,6 +182,9 @@ pyb::object Attend(PySession& ps, uint64_t seq, int layer, pyb::object queries, 
                               ShapeString({hq, l.head_dim})));
     }
   }
+  // Queries in the very memory attend writes (out a view of them) are read from a copy:
+  // the kernels write each head's output while other heads' queries are still to be read.
+  if (MemoryOverlaps(q.array, result)) q.array = q.array.attr("copy")();
   const auto* qp = static_cast<const float*>(q.data());
   auto* op = static_cast<float*>(result.mutable_data());
   pyb::array lse;

@@ -25,4 +25,9 @@ void ThrowValue(const std::string& message) { throw pyb::value_error(message); }
 
 void ThrowType(const std::string& message) { throw pyb::type_error(message); }
 
+void ThrowOverflow(const std::string& message) {
+  PyErr_SetString(PyExc_OverflowError, message.c_str());
+  throw pyb::error_already_set();
+}
+
 }  // namespace kvarn::py

@@ -2,7 +2,8 @@
 // FromCodec) becomes an instance of the kvarn.errors class for its code (kvarn.NotFoundError
 // for NOT_FOUND, ...), each a kvarn.Error with .code ("NOT_FOUND"), .code_value (5) and
 // .message. Bad input found by the bindings before anything is sent is a plain ValueError or
-// TypeError (ThrowValue, ThrowType), never a kvarn.Error.
+// TypeError (ThrowValue, ThrowType; OverflowError for an int beyond a C++ type, ThrowOverflow),
+// never a kvarn.Error.
 //
 // REQUIRES (every function here): the calling thread holds the GIL.
 #ifndef KVARN_PYTHON_SRC_STATUS_H_
@@ -37,6 +38,7 @@ pybind11::object ErrorObject(const absl::Status& s);
 
 [[noreturn]] void ThrowValue(const std::string& message);
 [[noreturn]] void ThrowType(const std::string& message);
+[[noreturn]] void ThrowOverflow(const std::string& message);
 
 }  // namespace kvarn::py
 
