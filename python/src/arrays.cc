@@ -144,6 +144,10 @@ TokenIds AsTokenIds(pyb::handle obj, const std::string& what) {
   if (a.ndim() != 1) {
     ThrowValue(what + " has shape " + ShapeString(a) + "; token ids are a 1-D sequence");
   }
+  if (a.size() > std::numeric_limits<int32_t>::max()) {  // before any scan or copy of them
+    ThrowValue(what + " holds " + std::to_string(a.size()) +
+               " token ids; at most 2^31 - 1 in one call");
+  }
   const char kind = a.dtype().kind();
   if (a.size() == 0) {  // numpy.asarray([]) is float64
     t.array = pyb::array_t<uint32_t>(0);

@@ -146,7 +146,8 @@ IDS = COMMON + [
     ("bytearray", lambda c, v: (bytearray(b"\x05\x06\x07"), np.array([5, 6, 7], np.uint8))),
     ("range", lambda c, v: (range(5, 8), np.arange(5, 8))),
     ("generator", lambda c, v: ((i for i in c.tolist()), NO)),
-    ("dict", lambda c, v: ({1: 2}, NO))]
+    ("dict", lambda c, v: ({1: 2}, NO)),
+    ("2^32_zero_stride", lambda c, v: (np.broadcast_to(np.uint32(5), (2**32,)), NO))]
 RECORDS = COMMON + HUGE + [
     ("bytes_object", lambda c, v: (c.tobytes(), c.reshape(-1))),
     ("bytearray", lambda c, v: (bytearray(c.tobytes()), c.reshape(-1))),
