@@ -6,8 +6,9 @@ set -euo pipefail
 packages=(
   # toolchain
   build-essential g++ clang cmake ninja-build git ccache pkg-config python3
-  # clang's sanitizer and libFuzzer runtimes (the sanitizer jobs of deploy/test.sh)
-  libclang-rt-14-dev
+  # clang's sanitizer and libFuzzer runtimes (the sanitizer jobs of deploy/test.sh), and
+  # llvm-symbolizer (llvm-14), without which TSan's suppressions by function name match nothing
+  libclang-rt-14-dev llvm-14
   # libraries
   libhwy-dev libabsl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libboost-dev libssl-dev openssl
