@@ -6,7 +6,7 @@
 #                             fatal): core, service, metrics, client and integration tests
 #                             (kvarnd and its helper processes run instrumented too) and the
 #                             install test; then the libFuzzer targets on their seed corpora
-#                             (KVARN_FUZZ_SECONDS each, default 40: three targets, two minutes).
+#                             (KVARN_FUZZ_SECONDS each, default 30: four targets, two minutes).
 #   deploy/sanitize.sh tsan   ThreadSanitizer: everything that runs threads: the core's
 #                             concurrency tests, the service under concurrent clients (Watch
 #                             hub, keep-alive reactors, descriptor channel), the client's
@@ -58,6 +58,6 @@ echo "== $mode: tests"
 ctest --test-dir "$build" --output-on-failure -j "$jobs" --timeout 900
 if [ "$mode" = asan ]; then
   echo "== asan: fuzzers"
-  tests/fuzz/run_fuzzers.sh "$build" "${KVARN_FUZZ_SECONDS:-40}"
+  tests/fuzz/run_fuzzers.sh "$build" "${KVARN_FUZZ_SECONDS:-30}"
 fi
 echo "== $mode: 0 reports"

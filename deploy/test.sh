@@ -8,7 +8,7 @@
 #   KVARN_TEST_SANITIZERS=0   skip the sanitizer jobs (the release tests only)
 #   KVARN_TEST_STOCK_CMAKE=0  skip configuring with Debian's stock CMake modules and building
 #                             one CUDA target with them (deploy/check_stock_cmake.sh)
-#   KVARN_FUZZ_SECONDS=N      seconds per fuzz target in the ASan job (default 40)
+#   KVARN_FUZZ_SECONDS=N      seconds per fuzz target in the ASan job (default 30)
 #   KVARN_TEST_HUGE_PAGES=N   huge pages to add to the machine's pool for the tests of huge_pages
 #                             (default 64, i.e. 128 MiB on x86-64), as root only, taken back at
 #                             the end; 0 adds none (without available huge pages those tests

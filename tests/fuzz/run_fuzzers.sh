@@ -3,7 +3,9 @@
 # SECONDS (default 60), in a scratch copy of the corpus so the repository is not modified.
 # Prints each fuzzer's executions (and, for core_actions_fuzzer, the actions checked; for
 # commit_ring_fuzzer, the steps checked and the ring records accepted, refused and unverified,
-# and the rings broken) and exits non-zero if any input crashed, leaked or broke an invariant;
+# and the rings broken; for tier_record_fuzzer, the records checked and, by kind of record, how
+# many the core asked for, adopted and rejected by reason) and exits non-zero if any input
+# crashed, leaked or broke an invariant;
 # the crashing input is kept under the scratch directory, whose path is printed.
 #
 #   tests/fuzz/run_fuzzers.sh BUILD_DIR [SECONDS]      # CI: BUILD_DIR built with -DKVARN_FUZZ=ON
@@ -14,7 +16,7 @@ seconds=${2:-60}
 here=$(cd "$(dirname "$0")" && pwd)
 scratch=$(mktemp -d /tmp/kvarn-fuzz.XXXXXX)
 status=0
-for name in core_actions service commit_ring; do
+for name in core_actions service commit_ring tier_record; do
   bin="$build/bin/${name}_fuzzer"
   [ -x "$bin" ] || { echo "run_fuzzers: $bin is missing (configure with -DKVARN_FUZZ=ON)" >&2; exit 2; }
   mkdir -p "$scratch/$name"
@@ -24,7 +26,7 @@ for name in core_actions service commit_ring; do
   (cd "$scratch" && ASAN_OPTIONS=${ASAN_OPTIONS:-quarantine_size_mb=64} "$bin" -max_total_time="$seconds" -print_final_stats=1 -timeout=30 -rss_limit_mb=4096 \
      -artifact_prefix="$scratch/$name-" "$scratch/$name" > "$log" 2>&1)
   rc=$?
-  grep -a -E "^stat::number_of_executed_units|actions in|steps in|^stat::peak_rss_mb" "$log" | sed 's/^/   /'
+  grep -a -E "^stat::number_of_executed_units|actions in|steps in|^tier_record_fuzzer: |^stat::peak_rss_mb" "$log" | sed 's/^/   /'
   if [ $rc -ne 0 ]; then
     status=1
     echo "   FAILED (exit $rc): see $log"
