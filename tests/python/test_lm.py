@@ -7,6 +7,7 @@ Debian's perl-doc (kvarn.lm.data), and skip with the reason where it is not inst
 import io
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -129,3 +130,16 @@ def test_a_target_with_another_layout_is_a_clear_error(model):
         with client.open_session("t") as s:
             with pytest.raises(ValueError, match="--num_layers=4"):
                 kvcache.check_layout(s, model)
+
+
+def test_the_corpus_is_pinned_by_its_files_not_by_the_package_version(heldout, monkeypatch):
+    # Another perl-doc version with the same .pod files (a perl security update; a machine
+    # without bookworm-security) is the same corpus; other files are refused, naming both.
+    monkeypatch.setattr(data, "installed_version", lambda: "5.36.0-7+deb12u3")
+    corpus = data.load_corpus()
+    assert corpus.heldout == heldout
+    assert corpus.version == "5.36.0-7+deb12u3"
+    monkeypatch.setattr(data, "EXPECTED_FILES_DIGEST", "0" * 64)
+    with pytest.raises(data.CorpusError, match=re.escape(data.TRAINED_VERSION)):
+        data.load_corpus()
+    assert data.load_corpus(verify=False).heldout == heldout

@@ -11,9 +11,13 @@ The corpus is every file of the installed perl-doc package whose path ends in ".
     so the held-out split samples the whole alphabet rather than its tail;
   * each split is its files' bytes concatenated in order, with nothing in between.
 
-The package version, the number of files and a digest over (path, SHA-256 of contents) are
-pinned below; any difference raises CorpusError, so a model is never evaluated against a
-different text by accident. Install the package with `apt-get install perl-doc`.
+The number of files and a digest over (path, SHA-256 of contents) are pinned below; any
+difference raises CorpusError, so a model is never evaluated against a different text by
+accident. The package version is not pinned: Debian's updates to perl (security fixes) give
+perl-doc a new version with the same .pod files (5.36.0-7+deb12u3 from bookworm and deb12u4
+from bookworm-security hash alike), and a machine without the security archive has the
+older one. The version the model was trained with is recorded (TRAINED_VERSION) and named in
+the error when the files differ. Install the package with `apt-get install perl-doc`.
 
 Run `python3 -m kvarn.lm.data` to print the split sizes, or with --write-heldout FILE to
 write the held-out text for an evaluator.
@@ -30,7 +34,7 @@ import sys
 from typing import List, Tuple
 
 PACKAGE = "perl-doc"
-EXPECTED_VERSION = "5.36.0-7+deb12u4"
+TRAINED_VERSION = "5.36.0-7+deb12u4"  # recorded, not required: the digest is the pin
 FILE_SUFFIX = ".pod"
 EXPECTED_NUM_FILES = 206
 # sha256 over "<path>\0<sha256 hex of file contents>\n" for every selected file, in order.
@@ -89,11 +93,8 @@ def installed_version() -> str:
 
 
 def list_files() -> List[str]:
-    """The selected files of the installed package, sorted; checks the version first."""
+    """The selected files of the installed package, sorted."""
     version = installed_version()
-    if version != EXPECTED_VERSION:
-        raise CorpusError(f"{PACKAGE} version is {version}, the corpus is pinned to "
-                          f"{EXPECTED_VERSION}; install that version or retrain and re-pin")
     paths = [p for p in _dpkg("-L", PACKAGE).splitlines() if p.endswith(FILE_SUFFIX)]
     paths = sorted(set(paths), key=lambda p: p.encode())
     if len(paths) != EXPECTED_NUM_FILES:
@@ -118,6 +119,7 @@ def load_corpus(verify: bool = True) -> Corpus:
     With verify (the default) a digest mismatch raises CorpusError; verify=False is for
     re-pinning after a deliberate package change.
     """
+    version = installed_version()
     paths = list_files()
     digest = hashlib.sha256()
     train, heldout = [], []
@@ -133,12 +135,13 @@ def load_corpus(verify: bool = True) -> Corpus:
             train_files.append(path)
     files_digest = digest.hexdigest()
     if verify and files_digest != EXPECTED_FILES_DIGEST:
-        raise CorpusError(f"{PACKAGE} files digest is {files_digest}, expected "
+        raise CorpusError(f"{PACKAGE} {version}: files digest is {files_digest}, expected "
                           f"{EXPECTED_FILES_DIGEST}: the installed files differ from the "
-                          f"ones the model was trained on")
+                          f"ones the model was trained on ({PACKAGE} {TRAINED_VERSION}); "
+                          f"install that version or retrain and re-pin")
     return Corpus(train=b"".join(train), heldout=b"".join(heldout),
                   train_files=tuple(train_files), heldout_files=tuple(heldout_files),
-                  package=PACKAGE, version=EXPECTED_VERSION, files_digest=files_digest)
+                  package=PACKAGE, version=version, files_digest=files_digest)
 
 
 def main(argv=None) -> int:
