@@ -30,6 +30,14 @@ echo "== kvarnd with kvarnctl demo =="
 sock="$data/kvarnd.sock"
 "$bin/kvarnd" --listen="$sock" --metrics=127.0.0.1:0 --instance="demo$$" &
 daemon_pid=$!
+# kvarnd listens once its pool is mapped, and kvarnctl fails at once on a socket nobody serves
+# yet: wait for its health check to pass (60 s at most), or for kvarnd to exit.
+deadline=$((SECONDS + 60))
+until "$bin/kvarnctl" health --target="unix:$sock" --timeout=1s > /dev/null 2>&1; do
+  kill -0 "$daemon_pid" 2> /dev/null || { echo "run.sh: kvarnd exited before it served" >&2; exit 1; }
+  [ "$SECONDS" -lt "$deadline" ] || { echo "run.sh: kvarnd did not serve within 60 s" >&2; exit 1; }
+  sleep 0.1
+done
 "$bin/kvarnctl" demo --target="unix:$sock"
 "$bin/kvarnctl" status --target="unix:$sock"
 kill -TERM "$daemon_pid"
