@@ -29,21 +29,14 @@
 #include "common/shared_memory.h"
 #include "tests/daemon/service/raw_ring.h"
 #include "tests/daemon/service/service_harness.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace kvarn::testing::ring_fuzz {
 
 using Code = absl::StatusCode;
 
-[[noreturn]] inline void Fail(const std::string& what) {
-  std::fprintf(stderr, "commit_ring_fuzzer: %s\n", what.c_str());
-  std::abort();
-}
-
-// Checks `cond`; the message's parts are joined only on failure.
-template <typename... Parts>
-inline void Check(bool cond, const Parts&... parts) {
-  if (!cond) Fail(absl::StrCat(parts...));
-}
+using fuzz::Check;
+using fuzz::Fail;
 
 // Figures over the whole run, printed at exit, so that a run shows what it exercised.
 struct Figures {

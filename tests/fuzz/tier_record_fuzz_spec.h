@@ -26,19 +26,12 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/core/block_record.h"
 #include "daemon/core/memory.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace kvarn::testing::tier_fuzz {
 
-[[noreturn]] inline void Fail(const std::string& what) {
-  std::fprintf(stderr, "tier_record_fuzzer: %s\n", what.c_str());
-  std::abort();
-}
-
-// Checks `cond`; the message's parts are joined only on failure.
-template <typename... Parts>
-inline void Check(bool cond, const Parts&... parts) {
-  if (!cond) Fail(absl::StrCat(parts...));
-}
+using fuzz::Check;
+using fuzz::Fail;
 
 constexpr size_t kTiles = 5;  // the prompt's blocks: an fp16 sink, then 4 quantized
 constexpr size_t kDisk = 0, kMap = 1, kTiers = 2;

@@ -15,8 +15,7 @@ and block states, nothing left staged); it never writes into an input.
 The cases run one at a time in a driver process (this file as a script, against the module's
 kvarnd), each under a deadline (faulthandler.dump_traceback_later): a case that kills or hangs
 the driver fails under its own name and a new driver goes on. RLIMIT_DATA caps the driver's
-heap (a huge copy is a MemoryError, not swapping). A known defect's cases (DEFECTS) xfail
-only while they fail as that defect: a fix, or another failure, fails them.
+heap (a huge copy is a MemoryError, not swapping).
 """
 
 import faulthandler
@@ -27,7 +26,6 @@ import json
 import math
 import mmap
 import os
-import re
 import resource
 import signal
 import subprocess
@@ -670,16 +668,6 @@ add("stage.keys=2^32+1_tokens_of_zero_pages", lambda ctx: ctx.write(  # 1 as a 3
     lambda q, kv: ctx.s.stage(q, kv, kv), np.frombuffer(_zero_pages((2**32 + 1) * L * H * D * 2),
                                                         np.float16).reshape(-1, L, H, D), NO))
 
-# ---- The defects found: (the cases, how they fail, why) -----------------------------------
-# Each entry: (case names, a regex of how they fail, why). Empty: the twelve defects this
-# module found when it was written (2026-12-05) are fixed.
-DEFECTS = []
-
-
-def defect(name):
-    return next(((how, why) for names, how, why in DEFECTS if name in names), None)
-
-
 # ---- The driver (this file as a script) and the tests ----------------------------------------
 
 def _emit(**m):
@@ -760,14 +748,7 @@ def test_hostile_input(name, outcomes):
     ok, detail = outcomes[name]
     if ok is None:
         pytest.skip(detail)
-    known = defect(name)
-    if known is None:
-        assert ok, f"{name}: {detail}"
-        return
-    how, why = known  # a known defect must still fail, and as itself
-    assert not ok, f"{name} passes: fixed ({why})? Then drop it from DEFECTS"
-    assert re.search(how, detail), f"{name} fails, but not as its known defect ({why}): {detail}"
-    pytest.xfail(why)
+    assert ok, f"{name}: {detail}"
 
 
 def test_the_daemon_survived_every_case(daemon, outcomes):

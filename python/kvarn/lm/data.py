@@ -92,9 +92,8 @@ def installed_version() -> str:
     return version
 
 
-def list_files() -> List[str]:
-    """The selected files of the installed package, sorted."""
-    version = installed_version()
+def list_files(version: str) -> List[str]:
+    """The selected files of the installed package (`version`, for the error), sorted."""
     paths = [p for p in _dpkg("-L", PACKAGE).splitlines() if p.endswith(FILE_SUFFIX)]
     paths = sorted(set(paths), key=lambda p: p.encode())
     if len(paths) != EXPECTED_NUM_FILES:
@@ -120,7 +119,7 @@ def load_corpus(verify: bool = True) -> Corpus:
     re-pinning after a deliberate package change.
     """
     version = installed_version()
-    paths = list_files()
+    paths = list_files(version)
     digest = hashlib.sha256()
     train, heldout = [], []
     train_files, heldout_files = [], []
