@@ -93,7 +93,9 @@ absl::StatusOr<Connection> Connect(const DaemonFlags& flags, bool observer, uint
 // when nothing listens there (at once: the call does not wait for a daemon to appear),
 // DEADLINE_EXCEEDED "kvarnd at T did not answer within D (connecting included)", NOT_FOUND
 // for a service it has no status for, UNIMPLEMENTED without a health service, INTERNAL for
-// a malformed reply.
+// a malformed reply. `timeout` must be finite and positive (kvarnctl's flag refuses others):
+// the deadline is what ends a call to a daemon that never answers; a non-positive one is
+// INVALID_ARGUMENT.
 absl::StatusOr<ServingStatus> CheckHealth(const std::string& target, const ClientOptions& options,
                                           const std::string& service, absl::Duration timeout);
 

@@ -53,6 +53,10 @@ std::string FlatBytes(const grpc::ByteBuffer& buffer) {
 
 absl::StatusOr<ServingStatus> CheckHealth(const std::string& target, const ClientOptions& options,
                                           const std::string& service, absl::Duration timeout) {
+  if (timeout <= absl::ZeroDuration() || timeout == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a health check needs a finite, positive deadline, not ", absl::FormatDuration(timeout)));
+  }
   grpc::ChannelArguments channel_args;
   // A connection of its own: a probe answers for the daemon listening now, never through a
   // connection another channel of this process holds to a daemon that has since gone.

@@ -4,8 +4,8 @@
 // writer, percent shares, the health check's wire format.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "client/kvarnctl/codec_command.h"
+#include "client/kvarnctl/daemon_commands.h"
 #include "client/kvarnctl/health_wire.h"
 #include "client/kvarnctl/json.h"
 #include "client/kvarnctl/shares.h"
@@ -445,7 +446,21 @@ TEST(KvarnctlCliTest, HealthAgainstNothingFailsWithinItsDeadline) {
   EXPECT_EQ(p.code, 2);
   EXPECT_THAT(p.err, HasSubstr("--timeout: '5' is not a positive duration with its unit"));
   EXPECT_EQ(Kvarnctl("health --timeout 0s").code, 2);
+  EXPECT_EQ(Kvarnctl("health --timeout inf").code, 2);  // the deadline is what ends a silent daemon
   EXPECT_EQ(Kvarnctl("health --admin-token x").code, 2);  // health takes no credentials
+}
+
+// The library call refuses what the flag refuses, before connecting: an infinite deadline
+// would leave a call to a daemon that never answers waiting for ever.
+TEST(KvarnctlCliTest, CheckHealthNeedsAFinitePositiveDeadline) {
+  for (const absl::Duration d :
+       {absl::InfiniteDuration(), absl::ZeroDuration(), absl::Seconds(-1)}) {
+    const absl::StatusOr<ServingStatus> r =
+        CheckHealth("unix:/nonexistent/kvarnd.sock", ClientOptions{}, "", d);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << d;
+    EXPECT_THAT(r.status().message(), HasSubstr("a health check needs a finite, positive deadline"))
+        << d;
+  }
 }
 
 }  // namespace
