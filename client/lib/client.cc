@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/lib/cuda_pool.h"
@@ -334,16 +335,36 @@ SequenceTable Session::RememberLocked(uint64_t seq, const v1::BlockTable& table)
   return st.table;
 }
 
-absl::Status Session::CheckNotInRing(uint64_t seq, const SeqState& st) {
+absl::Status Session::CheckIdle(uint64_t seq, const SeqState& st) {
   if (st.outcome_unknown) {
     return absl::FailedPreconditionError(
         absl::StrCat("sequence ", seq,
                      "'s last ring commit has an unknown outcome (the ring failed before kvarnd "
                      "answered it): its table may be stale; Release it"));
   }
-  if (!st.in_ring) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      absl::StrCat("sequence ", seq, " has a ring commit in flight: CommitRing::Collect it first"));
+  if (st.in_ring) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sequence ", seq, " has a ring commit in flight: CommitRing::Collect it first"));
+  }
+  if (!st.claimed) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "sequence ", seq, " has a call staging or committing it in flight (on another thread)"));
+}
+
+absl::Status Session::Claim(uint64_t seq) {
+  MutexLock lock(&mu_);
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) {
+    return absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
+  }
+  if (absl::Status f = CheckIdle(seq, it->second); !f.ok()) return f;
+  it->second.claimed = true;
+  return absl::OkStatus();
+}
+
+void Session::Unclaim(uint64_t seq) {
+  MutexLock lock(&mu_);
+  if (auto it = seqs_.find(seq); it != seqs_.end()) it->second.claimed = false;
 }
 
 void Session::EndRingFlight(std::span<const uint64_t> seqs, bool unknown) {
@@ -416,36 +437,43 @@ absl::StatusOr<v1::LookupResponse> Session::LookupTiers(std::span<const uint32_t
 
 absl::Status Session::Stage(uint64_t seq, int n, const void* keys, const void* values, DType dtype) {
   if (absl::Status m = CheckMapped(); !m.ok()) return m;
+  if (absl::Status c = Claim(seq); !c.ok()) return c;
+  const absl::Status s = StageClaimed(seq, n, keys, values, dtype, /*device_input=*/false, nullptr);
+  Unclaim(seq);
+  return s;
+}
+
+absl::Status Session::StageDevice(uint64_t seq, int n, const void* keys, const void* values,
+                                  DType dtype, CUstream_st* stream) {
+  if (device_ == nullptr) {
+    return absl::FailedPreconditionError("StageDevice needs a pool in GPU memory");
+  }
+  if (absl::Status c = Claim(seq); !c.ok()) return c;
+  const absl::Status s = StageClaimed(seq, n, keys, values, dtype, /*device_input=*/true, stream);
+  Unclaim(seq);
+  return s;
+}
+
+absl::Status Session::StageClaimed(uint64_t seq, int n, const void* keys, const void* values,
+                                   DType dtype, bool device_input, CUstream_st* stream) {
   uint8_t* slot;
   int first;
   {
     MutexLock lock(&mu_);
     auto it = seqs_.find(seq);
-    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
-    if (absl::Status f = CheckNotInRing(seq, it->second); !f.ok()) return f;
+    if (it == seqs_.end()) {
+      return absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
+    }
     slot = TailBase() + static_cast<size_t>(it->second.table.tail_slot) * layout_.fp16_block_bytes();
     first = static_cast<int>(it->second.table.tail_tokens) + it->second.staged;
   }
   if (device_ != nullptr) {
-    const absl::Status d = device_->Store(slot, first, n, keys, values, dtype, /*device_input=*/false, nullptr);
+    const absl::Status d =
+        device_->Store(slot, first, n, keys, values, dtype, device_input, stream);
     if (!d.ok()) return d;
   } else {
     const CodecStatus s = Codec::Default().StoreTokens(preset_, layout_, slot, first, n, keys, values, dtype);
     if (!s.ok()) return absl::InvalidArgumentError(s.message());
-  }
-  MutexLock lock(&mu_);
-  seqs_[seq].staged += n;
-  return absl::OkStatus();
-}
-
-absl::Status Session::StageDevice(uint64_t seq, int n, const void* keys, const void* values, DType dtype,
-                                  CUstream_st* stream) {
-  if (device_ == nullptr) return absl::FailedPreconditionError("StageDevice needs a pool in GPU memory");
-  auto at = TailSlot(seq);
-  if (!at.ok()) return at.status();
-  if (absl::Status s = device_->Store(at->first, at->second, n, keys, values, dtype, /*device_input=*/true, stream);
-      !s.ok()) {
-    return s;
   }
   MutexLock lock(&mu_);
   seqs_[seq].staged += n;
@@ -457,7 +485,7 @@ absl::Status Session::MarkStaged(uint64_t seq, int n) {
   MutexLock lock(&mu_);
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
-  if (absl::Status f = CheckNotInRing(seq, it->second); !f.ok()) return f;
+  if (absl::Status f = CheckIdle(seq, it->second); !f.ok()) return f;
   const int first = static_cast<int>(it->second.table.tail_tokens) + it->second.staged;
   if (n < 1 || first + n > layout_.tile_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("tokens [", first, ", ", first + n, ") do not fit a ",
@@ -468,11 +496,19 @@ absl::Status Session::MarkStaged(uint64_t seq, int n) {
 }
 
 absl::StatusOr<AppendInfo> Session::Commit(uint64_t seq, std::span<const uint32_t> ids) {
+  if (absl::Status c = Claim(seq); !c.ok()) return c;
+  absl::StatusOr<AppendInfo> r = CommitClaimed(seq, ids);
+  Unclaim(seq);
+  return r;
+}
+
+absl::StatusOr<AppendInfo> Session::CommitClaimed(uint64_t seq, std::span<const uint32_t> ids) {
   {
     MutexLock lock(&mu_);
     auto it = seqs_.find(seq);
-    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
-    if (absl::Status f = CheckNotInRing(seq, it->second); !f.ok()) return f;
+    if (it == seqs_.end()) {
+      return absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
+    }
     if (static_cast<int>(ids.size()) != it->second.staged) {
       return absl::InvalidArgumentError(absl::StrCat(ids.size(), " token ids for ", it->second.staged, " staged tokens"));
     }
@@ -497,8 +533,15 @@ absl::StatusOr<AppendInfo> Session::Commit(uint64_t seq, std::span<const uint32_
 
 absl::StatusOr<AppendInfo> Session::Append(uint64_t seq, std::span<const uint32_t> ids, const void* keys,
                                            const void* values, DType dtype) {
-  if (absl::Status s = Stage(seq, static_cast<int>(ids.size()), keys, values, dtype); !s.ok()) return s;
-  return Commit(seq, ids);
+  if (absl::Status m = CheckMapped(); !m.ok()) return m;
+  // One claim for both: no other thread's Stage or Commit comes between them.
+  if (absl::Status c = Claim(seq); !c.ok()) return c;
+  const absl::Status staged = StageClaimed(seq, static_cast<int>(ids.size()), keys, values, dtype,
+                                           /*device_input=*/false, nullptr);
+  absl::StatusOr<AppendInfo> r =
+      staged.ok() ? CommitClaimed(seq, ids) : absl::StatusOr<AppendInfo>(staged);
+  Unclaim(seq);
+  return r;
 }
 
 absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> Session::CommitBatch(
@@ -507,6 +550,7 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> Session::CommitBatch(
   std::vector<absl::StatusOr<AppendInfo>> out(items.size());
   std::vector<size_t> sent;  // items in the request, by their index in `items`
   sent.reserve(items.size());
+  absl::flat_hash_set<uint64_t> claimed;  // for the call
   v1::AppendBatchRequest req;
   *req.mutable_session() = Ref();
   {
@@ -518,7 +562,9 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> Session::CommitBatch(
         out[i] = absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
         continue;
       }
-      if (absl::Status f = CheckNotInRing(seq, it->second); !f.ok()) {
+      // An item listed twice goes to kvarnd, which refuses the second (busy) with its message.
+      const bool again = claimed.contains(seq);
+      if (absl::Status f = again ? absl::OkStatus() : CheckIdle(seq, it->second); !f.ok()) {
         out[i] = f;
         continue;
       }
@@ -526,6 +572,8 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> Session::CommitBatch(
         out[i] = absl::InvalidArgumentError(absl::StrCat(ids.size(), " token ids for ", it->second.staged, " staged tokens"));
         continue;
       }
+      it->second.claimed = true;
+      claimed.insert(seq);
       v1::AppendRequest* item = req.add_items();
       item->set_sequence_id(seq);
       SetIds(std::span<const uint32_t>(ids), item->mutable_token_ids());
@@ -535,9 +583,15 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> Session::CommitBatch(
   if (sent.empty()) return out;
   v1::AppendBatchResponse resp;
   grpc::ClientContext ctx;
-  if (absl::Status s = Check(client_->stub().AppendBatch(Prepare(&ctx), req, &resp)); !s.ok()) return s;
-  if (resp.items_size() != static_cast<int>(sent.size())) return absl::InternalError("kvarnd answered a different number of items");
+  absl::Status call = Check(client_->stub().AppendBatch(Prepare(&ctx), req, &resp));
+  if (call.ok() && resp.items_size() != static_cast<int>(sent.size())) {
+    call = absl::InternalError("kvarnd answered a different number of items");
+  }
   MutexLock lock(&mu_);  // one lock for the batch's tables
+  for (uint64_t seq : claimed) {
+    if (auto it = seqs_.find(seq); it != seqs_.end()) it->second.claimed = false;
+  }
+  if (!call.ok()) return call;
   for (int k = 0; k < resp.items_size(); ++k) {
     const auto& it = resp.items(k);
     const size_t i = sent[static_cast<size_t>(k)];
@@ -550,16 +604,19 @@ absl::StatusOr<std::vector<absl::StatusOr<AppendInfo>>> Session::CommitBatch(
   return out;
 }
 
-absl::Status Session::CheckNoRingFlight(uint64_t seq) const {
+absl::Status Session::CheckIdleIfKnown(uint64_t seq) const {
   MutexLock lock(&mu_);
   auto it = seqs_.find(seq);
-  return it == seqs_.end() ? absl::OkStatus() : CheckNotInRing(seq, it->second);
+  return it == seqs_.end() ? absl::OkStatus() : CheckIdle(seq, it->second);
 }
 
 absl::StatusOr<AppendInfo> Session::AppendInline(uint64_t seq, std::span<const uint32_t> ids, const void* keys,
                                                  const void* values, DType dtype) {
-  // A ring commit in flight would land after these tokens, at a position nobody staged.
-  if (absl::Status f = CheckNoRingFlight(seq); !f.ok()) return f;
+  // A ring commit in flight would land after these tokens, at a position nobody staged; the
+  // claim keeps another thread's answer from being recorded after this one's. A sequence
+  // this session does not know is kvarnd's to refuse.
+  const absl::Status claim = Claim(seq);
+  if (!claim.ok() && claim.code() != absl::StatusCode::kNotFound) return claim;
   v1::AppendInlineRequest req;
   *req.mutable_session() = Ref();
   req.set_sequence_id(seq);
@@ -570,13 +627,17 @@ absl::StatusOr<AppendInfo> Session::AppendInline(uint64_t seq, std::span<const u
   req.set_dtype(dtype == DType::kF32 ? v1::AppendInlineRequest::DTYPE_F32 : v1::AppendInlineRequest::DTYPE_F16);
   v1::AppendResponse resp;
   grpc::ClientContext ctx;
-  if (absl::Status s = Check(client_->stub().AppendInline(Prepare(&ctx), req, &resp)); !s.ok()) return s;
-  return AppendInfo{Remember(seq, resp.table()), resp.sealed()};
+  const absl::Status s = Check(client_->stub().AppendInline(Prepare(&ctx), req, &resp));
+  const absl::StatusOr<AppendInfo> r =
+      s.ok() ? absl::StatusOr<AppendInfo>(AppendInfo{Remember(seq, resp.table()), resp.sealed()})
+             : s;
+  if (claim.ok()) Unclaim(seq);
+  return r;
 }
 
 absl::StatusOr<SequenceInfo> Session::Fork(uint64_t seq) {
-  // With a ring commit in flight the fork would take the sequence before or after it.
-  if (absl::Status f = CheckNoRingFlight(seq); !f.ok()) return f;
+  // With a commit in flight the fork would take the sequence before or after it.
+  if (absl::Status f = CheckIdleIfKnown(seq); !f.ok()) return f;
   v1::ForkRequest req;
   *req.mutable_session() = Ref();
   req.set_sequence_id(seq);
@@ -610,7 +671,7 @@ absl::StatusOr<std::pair<uint8_t*, int>> Session::TailSlot(uint64_t seq) const {
   MutexLock lock(&mu_);
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
-  if (absl::Status f = CheckNotInRing(seq, it->second); !f.ok()) return f;
+  if (absl::Status f = CheckIdle(seq, it->second); !f.ok()) return f;
   return std::make_pair(TailBase() + static_cast<size_t>(it->second.table.tail_slot) * layout_.fp16_block_bytes(),
                         static_cast<int>(it->second.table.tail_tokens) + it->second.staged);
 }

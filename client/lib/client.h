@@ -3,7 +3,8 @@
 //   auto client = kvarn::Client::Connect("unix:/run/kvarnd/kvarnd.sock");
 //   auto session = (*client)->OpenSession({.tenant = "team-a", .layout = layout});
 //   auto seq = (*session)->CreateSequence(prompt_ids);        // adopts a cached prefix
-//   (*session)->Append(seq->id, ids, keys, values, DType::kF16);  // writes the tail in place, commits
+//   (*session)->Append(seq->id, ids, keys, values, DType::kF16);  // writes the tail in place,
+//   commits
 //   (*session)->Attend(seq->id, layer, queries, num_q_heads, out); // reads shared memory, no RPC
 //
 // A Session holds the session's credential (a secret the daemon issued; every call presents
@@ -18,9 +19,15 @@
 // Stage, Attend and the block pointers fail with FAILED_PRECONDITION, and AppendInline and
 // Read carry the K/V in the messages.
 //
-// Thread safety: Client and Session methods may be called from any thread; calls on the
-// same sequence are serialized by the caller (the daemon rejects a concurrent append with
-// FAILED_PRECONDITION).
+// Thread safety: Client and Session methods may be called from any thread. While a call
+// staging or committing a sequence runs (Stage, StageDevice, MarkStaged, Commit, Append,
+// AppendInline, an item of CommitBatch or of a CommitRing), those calls, TailSlot and Fork of
+// the same sequence from other threads fail FAILED_PRECONDITION, as kvarnd fails a second
+// append in flight: of Appends racing on one sequence, each lands whole or fails so. Stage
+// then Commit are two calls, so a worker staging and committing one sequence from several
+// threads serializes them itself; so it does Attend, DequantizeBlock and TailSlot's pointer
+// with appends of the same sequence (they read the tail in place, which a sealing append
+// rewrites), and Release of a sequence another thread is using.
 //
 // CUDA pools (pool().backend() == BACKEND_CUDA, kvarnd --backend=cuda): the blocks live in
 // GPU memory. The Session maps each slab through CUDA IPC, once per process however many
@@ -335,11 +342,24 @@ class Session {
     // kvarnd may still apply it, so the table and the staged count may be stale, and another
     // commit could append its tokens twice. Only Release frees it.
     bool outcome_unknown = false;
+    // A call staging or committing it runs (Claim): another thread's would write the same
+    // tail positions, or record the two answers in either order.
+    bool claimed = false;
   };
-  // FAILED_PRECONDITION while `st` has a ring commit in flight or of unknown outcome.
-  static absl::Status CheckNotInRing(uint64_t seq, const SeqState& st);
-  // CheckNotInRing for `seq` when this session knows it (else OK: kvarnd decides).
-  absl::Status CheckNoRingFlight(uint64_t seq) const ABSL_LOCKS_EXCLUDED(mu_);
+  // FAILED_PRECONDITION while `st` has a ring commit in flight or of unknown outcome, or is
+  // claimed.
+  static absl::Status CheckIdle(uint64_t seq, const SeqState& st);
+  // CheckIdle for `seq` when this session knows it (else OK: kvarnd decides).
+  absl::Status CheckIdleIfKnown(uint64_t seq) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Claims `seq` for one call that stages or commits it, until Unclaim: NOT_FOUND when this
+  // session does not know it, else CheckIdle's status.
+  absl::Status Claim(uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_);
+  void Unclaim(uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stage (device_input: StageDevice's) and Commit of a sequence the caller claimed.
+  absl::Status StageClaimed(uint64_t seq, int n, const void* keys, const void* values, DType dtype,
+                            bool device_input, CUstream_st* stream) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<AppendInfo> CommitClaimed(uint64_t seq, std::span<const uint32_t> ids)
+      ABSL_LOCKS_EXCLUDED(mu_);
   Session(Client* client, const v1::OpenSessionResponse& open, const Preset& preset);
   absl::Status MapPool();
   // FAILED_PRECONDITION unless the pool is mapped (a remote session has none).

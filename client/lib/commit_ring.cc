@@ -230,7 +230,7 @@ absl::StatusOr<Session::SeqState*> CommitRing::CheckItem(uint64_t seq,
   if (it == session_->seqs_.end()) {
     return absl::NotFoundError(absl::StrCat("no sequence ", seq, " in this session"));
   }
-  if (absl::Status f = Session::CheckNotInRing(seq, it->second); !f.ok()) return f;
+  if (absl::Status f = Session::CheckIdle(seq, it->second); !f.ok()) return f;
   if (static_cast<int>(ids.size()) != it->second.staged) {
     return absl::InvalidArgumentError(
         absl::StrCat(ids.size(), " token ids for ", it->second.staged, " staged tokens"));

@@ -62,8 +62,9 @@
 // records. Commit names its CPU plainly, and the thread drains the batch this thread waits
 // for there.
 //
-// Thread safety: Commit, Publish and Collect may be called from any thread; calls are
-// serialized (one producer).
+// Thread safety: Commit, Publish and Collect may be called from any thread; the ring's lock
+// serializes them (one producer), and Collect answers every Publish since the last Collect,
+// whichever thread made it.
 // REQUIRES: the Session outlives its CommitRing; the session's pool is mapped (a Unix socket
 // target; a remote session has no ring).
 #ifndef KVARN_CLIENT_LIB_COMMIT_RING_H_
