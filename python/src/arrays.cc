@@ -2,6 +2,7 @@
 
 #include <limits>
 
+#include "python/src/gil.h"
 #include "python/src/status.h"
 
 namespace kvarn::py {
@@ -48,6 +49,7 @@ pyb::array ToNumpy(pyb::handle obj, const std::string& what, bool* from_torch, b
 }  // namespace
 
 pyb::array AsNumpy(pyb::handle obj, const std::string& what, bool* from_torch) {
+  InPython in_python;
   bool torch = false, converted = false;
   pyb::array a = ToNumpy(obj, what, &torch, &converted);
   if (from_torch != nullptr) *from_torch = torch;
@@ -100,6 +102,7 @@ bool HasShape(const pyb::array& a, const std::vector<pyb::ssize_t>& shape) {
 
 FloatInput AsFloat(pyb::handle obj, const std::string& what, bool allow_f16,
                    const ShapeCheck& check) {
+  InPython in_python;
   FloatInput in;
   bool converted = false;
   in.array = ToNumpy(obj, what, &in.from_torch, &converted);
@@ -138,6 +141,7 @@ void MatchDtypes(FloatInput* keys, FloatInput* values, const std::string& what_k
 }
 
 TokenIds AsTokenIds(pyb::handle obj, const std::string& what) {
+  InPython in_python;
   TokenIds t;
   bool torch = false, converted = false;
   pyb::array a = ToNumpy(obj, what, &torch, &converted);

@@ -6,8 +6,8 @@
 // status once it holds the GIL again.
 //
 // Lifetime: a Session keeps its Client alive (the C++ Session holds a raw Client*), and each
-// call holds the C++ Session for its duration, so close() from another thread waits for the
-// calls in flight instead of pulling the mapping from under them.
+// call holds the C++ Session for its duration, so close() from another thread leaves the
+// closing to the last call in flight instead of pulling the mapping from under it.
 #include "python/src/client_bindings.h"
 
 #include <pybind11/numpy.h>
@@ -75,10 +75,11 @@ KvInput AsKv(const Session& s, pyb::handle keys, pyb::handle values, ssize_t n,
   return kv;
 }
 
-bool IsIndex(pyb::handle h) { return PyIndex_Check(h.ptr()) && !pyb::isinstance<pyb::bool_>(h); }
+bool IsIndex(pyb::handle h) { return PyIndex_Check(h.ptr()) && !IsBool(h); }
 
 // A sequence id: a non-negative int (or numpy integer).
 uint64_t AsId(pyb::handle h, const std::string& what) {
+  InPython in_python;  // h's __index__
   if (!IsIndex(h)) {
     ThrowType(what + " is " + std::string(pyb::str(pyb::type::handle_of(h).attr("__name__"))) +
               ", not an int id");
@@ -128,6 +129,7 @@ AppendInfo AppendInParts(Session& s, uint64_t seq, std::span<const uint32_t> ids
 }
 
 pyb::object CommitBatch(PySession& ps, pyb::iterable items) {
+  InPython in_python;  // the caller's iterator
   std::shared_ptr<Session> s = ps.Get();
   std::vector<std::pair<uint64_t, std::vector<uint32_t>>> batch;
   size_t i = 0;
@@ -404,7 +406,8 @@ kvarn.ResourceExhaustedError past a quota.)doc");
           "tail_slots, epoch.")
       .def("close", &PySession::Close,
            "Closes the session at the daemon and unmaps the pool; idempotent. Its sequences are "
-           "released.")
+           "released. Calls in flight on other threads finish first: the session closes when "
+           "the last of them returns; calls made after close() raise kvarn.NotFoundError.")
       .def("__enter__", [](pyb::object self) { return self; })
       .def("__exit__", [](PySession& s, pyb::args) { s.Close(); })
       .def("__repr__",
@@ -437,7 +440,7 @@ Returns a SequenceInfo: ``id, cached_tokens, table``; append the K/V of the prom
           "changes nothing.")
       .def(
           "stage",
-          [](PySession& ps, uint64_t seq, pyb::object keys, pyb::object values) {
+          [](PySession& ps, SequenceId seq, pyb::object keys, pyb::object values) {
             std::shared_ptr<Session> s = ps.Get();
             KvInput kv = AsKv(*s, keys, values, -1, "stage");
             Blocking([&] {
@@ -451,7 +454,7 @@ fp16), after what is already staged; no RPC. ``commit`` then declares them with 
 ids. kvarn.InvalidArgumentError past the end of the tail slot or for NaN/Inf.)doc")
       .def(
           "commit",
-          [](PySession& ps, uint64_t seq, pyb::object ids) {
+          [](PySession& ps, SequenceId seq, pyb::object ids) {
             std::shared_ptr<Session> s = ps.Get();
             TokenIds t = AsTokenIds(ids, "token_ids");
             return Blocking([&] { return s->Commit(seq, t.ids()); });
@@ -462,7 +465,7 @@ ids. kvarn.InvalidArgumentError past the end of the tail slot or for NaN/Inf.)do
           "when it fills. Returns an AppendInfo.")
       .def(
           "append",
-          [](PySession& ps, uint64_t seq, pyb::object ids, pyb::object keys, pyb::object values) {
+          [](PySession& ps, SequenceId seq, pyb::object ids, pyb::object keys, pyb::object values) {
             std::shared_ptr<Session> s = ps.Get();
             TokenIds t = AsTokenIds(ids, "token_ids");
             KvInput kv = AsKv(*s, keys, values, static_cast<ssize_t>(t.ids().size()), "append");
@@ -479,7 +482,7 @@ error in a later part leaves the earlier ones committed). Returns the last part'
 ``sealed`` if any part sealed a tile.)doc")
       .def(
           "append_inline",
-          [](PySession& ps, uint64_t seq, pyb::object ids, pyb::object keys, pyb::object values) {
+          [](PySession& ps, SequenceId seq, pyb::object ids, pyb::object keys, pyb::object values) {
             std::shared_ptr<Session> s = ps.Get();
             TokenIds t = AsTokenIds(ids, "token_ids");
             KvInput kv =
@@ -500,7 +503,7 @@ the kvarn.Error instance (not raised) for an item that failed. Errors of the who
 ended session, a stale epoch) are raised.)doc")
       .def(
           "fork",
-          [](PySession& ps, uint64_t seq) {
+          [](PySession& ps, SequenceId seq) {
             return Blocking([&, s = ps.Get()] { return s->Fork(seq); });
           },
           IntArg("sequence"),
@@ -510,6 +513,7 @@ ended session, a stale epoch) are raised.)doc")
       .def(
           "release",
           [](PySession& ps, pyb::object seqs) {
+            InPython in_python;  // the caller's iterator
             std::shared_ptr<Session> s = ps.Get();
             std::vector<uint64_t> ids;
             if (IsIndex(seqs)) {
@@ -523,7 +527,7 @@ ended session, a stale epoch) are raised.)doc")
           "Releases a sequence (an int) or several (an iterable of ints); sealed blocks stay "
           "cached for prefix hits.")
       .def(
-          "table", [](const PySession& ps, uint64_t seq) { return Value(ps.Get()->Table(seq)); },
+          "table", [](const PySession& ps, SequenceId seq) { return Value(ps.Get()->Table(seq)); },
           IntArg("sequence"),
           "The sequence's SequenceTable as the daemon last returned it (no RPC).")
       .def("attend", &Attend, IntArg("sequence"), IntArg("layer"), pyb::arg("queries"),
@@ -553,7 +557,7 @@ float32: ``(keys, values)`` of shape (num_layers, num_kv_heads, G, head_dim), or
 leading axes fixed by ``layer`` and ``head``.)doc")
       .def(
           "block_bytes",
-          [](const PySession& ps, uint32_t block) {
+          [](const PySession& ps, BlockId block) {
             std::shared_ptr<Session> s = ps.Get();
             const BlockLayout& l = s->block_layout();
             if (!s->mapped() || s->on_device()) {
@@ -563,7 +567,8 @@ leading axes fixed by ``layer`` and ``head``.)doc")
             const uint32_t blocks =
                 s->pool().quant_segments_size() > 0 ? s->pool().quant_segments(0).blocks() : 0;
             if (block >= blocks)
-              ThrowValue(absl::StrCat("block ", block, " is out of range: the pool has ", blocks));
+              ThrowValue(
+                  absl::StrCat("block ", block.value, " is out of range: the pool has ", blocks));
             pyb::array_t<uint8_t> out({static_cast<ssize_t>(l.num_layers),
                                        static_cast<ssize_t>(l.num_kv_heads),
                                        static_cast<ssize_t>(l.record_bytes)});
@@ -576,7 +581,7 @@ leading axes fixed by ``layer`` and ``head``.)doc")
           "per (layer, kv-head), as kvarn.codec.decode reads them.")
       .def(
           "read",
-          [](PySession& ps, uint64_t seq, uint32_t layer, uint64_t start,
+          [](PySession& ps, SequenceId seq, uint32_t layer, uint64_t start,
              std::optional<uint32_t> count) {
             std::shared_ptr<Session> s = ps.Get();
             CheckLayer(*s, static_cast<int>(layer));

@@ -19,13 +19,13 @@
 #include "kernels/codec.h"
 #include "kernels/preset.h"
 #include "python/src/arrays.h"
+#include "python/src/gil.h"
 #include "python/src/status.h"
 
 namespace kvarn::py {
 namespace {
 
 using pyb::ssize_t;
-using Release = pyb::gil_scoped_release;
 
 constexpr float kFp16Max = 65504.0f;
 
@@ -148,6 +148,7 @@ ctl::QuerySet AsQueries(pyb::handle obj, const ctl::KvTensor& keys) {
 
 pyb::array Encode(const std::string& preset_name, pyb::object keys, pyb::object values,
                   int iterations) {
+  InPython in_python;
   const Preset p = Parsed(preset_name);
   if (iterations < 0 || iterations > EncodeOptions::kMaxIterations) {
     ThrowValue(absl::StrCat("iterations ", iterations, " is not in [0, ",
@@ -207,6 +208,7 @@ pyb::array Encode(const std::string& preset_name, pyb::object keys, pyb::object 
 
 pyb::tuple Decode(const std::string& preset_name, pyb::object records, std::optional<int> head_dim,
                   const std::string& frame) {
+  InPython in_python;
   const Preset p = Parsed(preset_name);
   if (frame != "original" && frame != "storage")
     ThrowValue("frame '" + frame + "' is not 'original' or 'storage'");
@@ -261,6 +263,7 @@ pyb::tuple Decode(const std::string& preset_name, pyb::object records, std::opti
 
 pyb::object Eval(pyb::object presets, pyb::object keys, pyb::object values, pyb::object queries,
                  pyb::object sink_tokens, int iterations, int random_queries, uint64_t seed) {
+  InPython in_python;
   const bool single = pyb::isinstance<pyb::str>(presets);
   std::vector<Preset> list;
   if (single) {

@@ -5,6 +5,7 @@
 #include "python/src/arrays.h"
 #include "python/src/client_bindings.h"
 #include "python/src/codec_bindings.h"
+#include "python/src/gil.h"
 
 PYBIND11_MODULE(_kvarn, m) {
   m.doc() = "Bindings over kvarn::Client and the KVarN codec; import the kvarn package instead.";
@@ -13,6 +14,8 @@ PYBIND11_MODULE(_kvarn, m) {
   pybind11::module_ codec =
       m.def_submodule("codec", "The KVarN codec on arrays (see kvarn.codec).");
   kvarn::py::BindCodec(codec);
+  // Before the interpreter finalizes: daemon threads inside binding calls stop first (gil.h).
+  kvarn::py::ArmExitDrain();
   m.def(
       "_as_kv_input",
       [](pybind11::handle a, bool allow_f16) {

@@ -70,7 +70,7 @@ absl::Status DequantizeInPlace(const Session& s, uint64_t seq, const SequenceTab
 
 }  // namespace
 
-pyb::tuple Dequantize(PySession& ps, uint64_t seq, std::optional<int> layer) {
+pyb::tuple Dequantize(PySession& ps, SequenceId seq, std::optional<int> layer) {
   std::shared_ptr<Session> s = ps.Get();
   const SequenceTable t = Value(s->Table(seq));
   const BlockLayout& l = s->block_layout();
@@ -78,8 +78,8 @@ pyb::tuple Dequantize(PySession& ps, uint64_t seq, std::optional<int> layer) {
   const uint64_t expected =
       (t.has_sink ? TileTokens(*s) : 0) + t.quant_blocks.size() * TileTokens(*s) + t.tail_tokens;
   if (expected != t.tokens) {
-    ThrowStatus(absl::InternalError(
-        absl::StrCat("sequence ", seq, "'s table holds ", expected, " tokens, not ", t.tokens)));
+    ThrowStatus(absl::InternalError(absl::StrCat("sequence ", seq.value, "'s table holds ",
+                                                 expected, " tokens, not ", t.tokens)));
   }
   const ssize_t tokens = static_cast<ssize_t>(t.tokens);
   const int layers = layer ? 1 : l.num_layers;
@@ -115,7 +115,7 @@ pyb::tuple Dequantize(PySession& ps, uint64_t seq, std::optional<int> layer) {
   return pyb::make_tuple(keys, values);
 }
 
-pyb::tuple DequantizeBlock(PySession& ps, uint32_t block, std::optional<int> layer,
+pyb::tuple DequantizeBlock(PySession& ps, BlockId block, std::optional<int> layer,
                            std::optional<int> head) {
   std::shared_ptr<Session> s = ps.Get();
   const BlockLayout& l = s->block_layout();
@@ -143,7 +143,7 @@ pyb::tuple DequantizeBlock(PySession& ps, uint32_t block, std::optional<int> lay
   return pyb::make_tuple(keys, values);
 }
 
-pyb::object Attend(PySession& ps, uint64_t seq, int layer, pyb::object queries, pyb::object out,
+pyb::object Attend(PySession& ps, SequenceId seq, int layer, pyb::object queries, pyb::object out,
                    bool return_lse) {
   std::shared_ptr<Session> s = ps.Get();
   const BlockLayout& l = s->block_layout();

@@ -13,12 +13,12 @@
 namespace kvarn::py {
 
 // Session.attend(sequence, layer, queries, out=None).
-pybind11::object Attend(PySession& ps, uint64_t seq, int layer, pybind11::object queries,
+pybind11::object Attend(PySession& ps, SequenceId seq, int layer, pybind11::object queries,
                         pybind11::object out, bool return_lse);
 // Session.dequantize(sequence, layer=None): (keys, values) [T][L][H][D] or [T][H][D].
-pybind11::tuple Dequantize(PySession& ps, uint64_t seq, std::optional<int> layer);
+pybind11::tuple Dequantize(PySession& ps, SequenceId seq, std::optional<int> layer);
 // Session.dequantize_block(block, layer=None, head=None): [L][H][G][D], less fixed axes.
-pybind11::tuple DequantizeBlock(PySession& ps, uint32_t block, std::optional<int> layer,
+pybind11::tuple DequantizeBlock(PySession& ps, BlockId block, std::optional<int> layer,
                                 std::optional<int> head);
 
 }  // namespace kvarn::py

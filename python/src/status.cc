@@ -1,12 +1,14 @@
 #include "python/src/status.h"
 
 #include "common/codec_status.h"
+#include "python/src/gil.h"
 
 namespace kvarn::py {
 
 namespace pyb = pybind11;
 
 pyb::object ErrorObject(const absl::Status& s) {
+  InPython in_python;  // kvarn.errors' Python code
   pyb::object from_status = pyb::module_::import("kvarn.errors").attr("_from_status");
   return from_status(static_cast<int>(s.code()), std::string(s.message()));
 }

@@ -463,6 +463,32 @@ for _label, _make in SEQS:
             lambda ctx, fn=_fn, make=_make: ctx.pure(lambda x: fn(ctx, x), *make(ctx.R)))
 
 
+def _bool_id(call):
+    """A bool is not an id (True is not sequence or block 1): a TypeError, whichever method
+    takes the id, as release() always refused it, having changed nothing."""
+    def run(ctx):
+        q = ctx.fresh()
+        try:
+            before = ctx.state(q)
+            for x in (True, np.True_):
+                ok, got = attempt(lambda: call(ctx, q, x))
+                assert not ok, f"took {x!r} as an id; returned {short(got)}"
+                assert type(got) is TypeError, f"{x!r}: raised {refused(got)}, not a TypeError"
+                assert ctx.state(q) == before, f"refused {x!r}, yet the daemon's state changed"
+        finally:
+            ctx.drop(q)
+    return run
+
+
+for _m, _fn in SEQ_WRITES.items():
+    add(f"{_m}.sequence=bool", _bool_id(_fn))
+for _m, _fn in SEQ_READS.items():
+    add(f"{_m}.sequence=bool", _bool_id(lambda ctx, q, x, fn=_fn: fn(ctx, x)))
+add("release.sequences=list_of_bool", _bool_id(lambda ctx, q, x: ctx.s.release([q, x])))
+add("dequantize_block.block=bool", _bool_id(lambda ctx, q, x: ctx.s.dequantize_block(x)))
+add("block_bytes.block=bool", _bool_id(lambda ctx, q, x: ctx.s.block_bytes(x)))
+
+
 def _iterable_case(call, hostile, clean, retry=None):
     return lambda ctx: ctx.write(lambda q, pick: call(ctx, q, (hostile if pick else clean)(q)),
                                  True, NO if clean is None else False,
