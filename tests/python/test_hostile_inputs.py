@@ -18,7 +18,6 @@ the driver fails under its own name and a new driver goes on. RLIMIT_DATA caps t
 heap (a huge copy is a MemoryError, not swapping).
 """
 
-import faulthandler
 import fractions
 import importlib.util
 import itertools
@@ -27,8 +26,6 @@ import math
 import mmap
 import os
 import resource
-import signal
-import subprocess
 import sys
 
 import numpy as np
@@ -36,6 +33,8 @@ import pytest
 
 import kvarn
 from kvarn import codec
+import driven
+from driven import CaseSkipped
 from kvtest import G, LAYOUT, make_kv
 
 L, H, D = LAYOUT["num_layers"], LAYOUT["num_kv_heads"], LAYOUT["head_dim"]
@@ -53,10 +52,6 @@ torch = None  # the driver imports it (kvarn looks for tensors only once the pro
 
 class CallerError(Exception):
     """What the test's sabotaged objects raise; it must reach the caller unchanged."""
-
-
-class CaseSkipped(Exception):
-    """This machine cannot run the case (reported as a skip)."""
 
 
 def _fail(what):
@@ -696,72 +691,20 @@ add("stage.keys=2^32+1_tokens_of_zero_pages", lambda ctx: ctx.write(  # 1 as a 3
 
 # ---- The driver (this file as a script) and the tests ----------------------------------------
 
-def _emit(**m):
-    print(json.dumps(m), flush=True)
-
-
 def driver(target, names):
     global torch
     torch = importlib.import_module("torch") if HAVE_TORCH else None
-    faulthandler.enable()
     ctx = Ctx(target)
     with open("/proc/self/status") as f:  # heap: what the setup took, and 4 GiB
         kib = next(int(line.split()[1]) for line in f if line.startswith("VmData:"))
     cap, hard = (kib << 10) + (4 << 30), resource.getrlimit(resource.RLIMIT_DATA)[1]
     resource.setrlimit(resource.RLIMIT_DATA, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
-    for name in names:
-        run, deadline = CASES[name]
-        _emit(start=name)
-        print(f"--- case {name}", file=sys.stderr, flush=True)  # run_driver shows what follows
-        faulthandler.dump_traceback_later(deadline, exit=True)
-        try:
-            run(ctx)
-            ok, detail = True, ""
-        except CaseSkipped as e:
-            ok, detail = None, str(e)
-        except AssertionError as e:
-            ok, detail = False, str(e)
-        except Exception as e:  # noqa: BLE001 (the case's own error, reported)
-            ok, detail = False, f"unexpected {refused(e)}"
-        faulthandler.cancel_dump_traceback_later()
-        _emit(case=name, ok=ok, detail=detail[:600])
+    driven.run_cases(CASES, names, ctx, refused, 600)
 
 
 def run_driver(target, names):
-    """Runs the cases in driver processes; a case that crashes or hangs one is reported so,
-    and the next driver goes on after it."""
-    results, pending = {}, list(names)
-    while pending:
-        try:
-            p = subprocess.run([sys.executable, os.path.abspath(__file__), target],
-                               input=json.dumps(pending), capture_output=True, text=True,
-                               timeout=DRIVER_DEADLINE_S)
-            out, err, rc = p.stdout, p.stderr, p.returncode
-        except subprocess.TimeoutExpired as e:
-            out, err, rc = (e.stdout or b"").decode(), (e.stderr or b"").decode(errors="replace"), None
-        running = None
-        for line in out.splitlines():
-            if line.startswith("{"):
-                m = json.loads(line)
-                if "start" in m:
-                    running = m["start"]
-                else:
-                    results[m["case"]], running = (m["ok"], m["detail"]), None
-        pending = [n for n in pending if n not in results]
-        if not pending:
-            break
-        why = (f"hung: no result within {CASES[running][1]} s" if "Timeout (" in err and running
-               else f"hung: the driver passed its {DRIVER_DEADLINE_S} s deadline" if rc is None
-               else f"crashed the driver ({signal.Signals(-rc).name})" if rc < 0
-               else f"ended the driver (exit status {rc})")
-        tail = "\n".join(err.rsplit(f"--- case {running}\n", 1)[-1].splitlines()[-15:])
-        if running is None:
-            for n in pending:
-                results[n] = (False, f"the driver {why} before this case:\n{tail}")
-            break
-        results[running] = (False, f"{why}:\n{tail}")
-        pending.remove(running)
-    return results
+    return driven.run_driver([sys.executable, os.path.abspath(__file__), target], CASES, names,
+                             DRIVER_DEADLINE_S, 15)
 
 
 @pytest.fixture(scope="module")

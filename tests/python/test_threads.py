@@ -29,7 +29,6 @@ case that crashes or hangs the driver fails under its own name and a new driver 
 Threads meet at Barriers, Conditions and Events, never at sleeps, and every join has a deadline.
 """
 
-import faulthandler
 import gc
 import importlib.util
 import json
@@ -39,7 +38,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import weakref
 
 import numpy as np
@@ -47,6 +45,8 @@ import pytest
 
 import kvarn
 from kvarn import codec
+import driven
+from driven import CaseSkipped
 from kvtest import G, LAYOUT, tokens
 
 L, H, D = LAYOUT["num_layers"], LAYOUT["num_kv_heads"], LAYOUT["head_dim"]
@@ -79,10 +79,6 @@ def kv(ids):
 
 def queries(seed):
     return np.random.default_rng(seed).standard_normal((2 * H, D)).astype(np.float32)
-
-
-class CaseSkipped(Exception):
-    """This machine cannot run the case (reported as a skip)."""
 
 
 def summary(t):
@@ -672,68 +668,15 @@ for _variant in ("open", "closed", "dropped"):
 
 # ---- The driver (this file as a script) and the tests ----------------------------------------
 
-def _emit(**m):
-    print(json.dumps(m), flush=True)
-
-
 def driver(target, names):
     global torch
     torch = importlib.import_module("torch") if HAVE_TORCH else None
-    faulthandler.enable()
-    for name in names:
-        run, deadline = CASES[name]
-        _emit(start=name)
-        print(f"--- case {name}", file=sys.stderr, flush=True)  # run_driver shows what follows
-        faulthandler.dump_traceback_later(deadline, exit=True)
-        t0 = time.monotonic()
-        try:
-            run(target)
-            ok, detail = True, ""
-        except CaseSkipped as e:
-            ok, detail = None, str(e)
-        except AssertionError as e:
-            ok, detail = False, str(e)
-        except Exception as e:  # noqa: BLE001 (the case's own error, reported)
-            ok, detail = False, f"unexpected {type(e).__name__}: {e}"
-        faulthandler.cancel_dump_traceback_later()
-        _emit(case=name, ok=ok, detail=detail[:1500], seconds=round(time.monotonic() - t0, 2))
+    driven.run_cases(CASES, names, target, lambda e: f"{type(e).__name__}: {e}", 1500)
 
 
 def run_driver(target, names):
-    """Runs the cases in driver processes; a case that crashes or hangs one is reported so,
-    and the next driver goes on after it."""
-    results, pending = {}, list(names)
-    while pending:
-        try:
-            p = subprocess.run([sys.executable, os.path.abspath(__file__), "driver", target],
-                               input=json.dumps(pending), capture_output=True, text=True,
-                               timeout=DRIVER_DEADLINE_S)
-            out, err, rc = p.stdout, p.stderr, p.returncode
-        except subprocess.TimeoutExpired as e:
-            out, err, rc = (e.stdout or b"").decode(), (e.stderr or b"").decode(errors="replace"), None
-        running = None
-        for line in out.splitlines():
-            if line.startswith("{"):
-                m = json.loads(line)
-                if "start" in m:
-                    running = m["start"]
-                else:
-                    results[m["case"]], running = (m["ok"], m["detail"]), None
-        pending = [n for n in pending if n not in results]
-        if not pending:
-            break
-        why = (f"hung: no result within {CASES[running][1]} s" if "Timeout (" in err and running
-               else f"hung: the driver passed its {DRIVER_DEADLINE_S} s deadline" if rc is None
-               else f"crashed the driver ({signal.Signals(-rc).name})" if rc < 0
-               else f"ended the driver (exit status {rc})")
-        tail = "\n".join(err.rsplit(f"--- case {running}\n", 1)[-1].splitlines()[-25:])
-        if running is None:
-            for n in pending:
-                results[n] = (False, f"the driver {why} before this case:\n{tail}")
-            break
-        results[running] = (False, f"{why}:\n{tail}")
-        pending.remove(running)
-    return results
+    return driven.run_driver([sys.executable, os.path.abspath(__file__), "driver", target],
+                             CASES, names, DRIVER_DEADLINE_S, 25)
 
 
 @pytest.fixture(scope="module")
