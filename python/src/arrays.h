@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -80,6 +81,29 @@ TokenIds AsTokenIds(pyb::handle obj, const std::string& what);
 // Anything else is pybind11's TypeError.
 inline pyb::arg IntArg(const char* name) { return pyb::arg(name).noconvert(); }
 
+// Whether h is a bool or a numpy bool (numpy 1.x still lets a bool scalar be an index, with a
+// DeprecationWarning).
+inline bool IsBool(pyb::handle h) {
+  return PyBool_Check(h.ptr()) || pyb::isinstance(h, pyb::module_::import("numpy").attr("bool_"));
+}
+
+// The C++ type of an IntArg parameter: what IntArg takes, but never a bool. True is not
+// sequence 1, layer 1 or one iteration; a bool is a TypeError as any other non-integer is.
+template <typename T>
+struct Int {
+  T value = 0;
+  operator T() const { return value; }  // NOLINT(google-explicit-constructor)
+};
+using SequenceId = Int<uint64_t>;
+using BlockId = Int<uint32_t>;
+
+// An optional Int's value as a plain optional.
+template <typename T>
+std::optional<T> Plain(const std::optional<Int<T>>& o) {
+  if (!o) return std::nullopt;
+  return o->value;
+}
+
 // A new C-contiguous float32 array.
 pyb::array_t<float> NewF32(const std::vector<pyb::ssize_t>& shape);
 
@@ -87,5 +111,21 @@ pyb::array_t<float> NewF32(const std::vector<pyb::ssize_t>& shape);
 pyb::object AsOutput(pyb::array a, bool torch);
 
 }  // namespace kvarn::py
+
+namespace pybind11::detail {
+
+template <typename T>
+struct type_caster<kvarn::py::Int<T>> {
+  PYBIND11_TYPE_CASTER(kvarn::py::Int<T>, const_name("int"));
+  bool load(handle src, bool /*convert*/) {
+    if (kvarn::py::IsBool(src)) return false;
+    make_caster<T> v;
+    if (!v.load(src, /*convert=*/false)) return false;
+    value.value = cast_op<T>(v);
+    return true;
+  }
+};
+
+}  // namespace pybind11::detail
 
 #endif  // KVARN_PYTHON_SRC_ARRAYS_H_

@@ -175,8 +175,8 @@ The shape of a model's KV cache, as OpenSession must declare it (``Client.layout
 the daemon's). Fields: ``model_id`` (str, part of the prefix-hash namespace), ``num_layers``,
 ``num_kv_heads``, ``head_dim`` (64, 128, 256 or 512), ``preset`` (codec preset name, e.g.
 ``"kvarn_k4v2_g128"``; the tile size follows from it) and ``sink_tokens`` (0 or the tile size).)doc")
-      .def(pyb::init([](std::string model_id, uint32_t num_layers, uint32_t num_kv_heads,
-                        uint32_t head_dim, std::string preset, uint32_t sink_tokens) {
+      .def(pyb::init([](std::string model_id, Int<uint32_t> num_layers, Int<uint32_t> num_kv_heads,
+                        Int<uint32_t> head_dim, std::string preset, Int<uint32_t> sink_tokens) {
              return Layout{std::move(model_id), num_layers, num_kv_heads, head_dim,
                            std::move(preset),   sink_tokens};
            }),
@@ -330,7 +330,7 @@ Thread safety: methods may be called from any thread; blocking calls release the
       .def(
           "open_session",
           [](PyClient& c, const std::string& tenant, std::optional<Layout> layout,
-             uint32_t max_sequences, const std::string& tenant_token,
+             Int<uint32_t> max_sequences, const std::string& tenant_token,
              const std::string& admin_token, const std::string& client_name, bool observer) {
             SessionOptions o;
             o.tenant = tenant;
@@ -590,15 +590,16 @@ leading axes fixed by ``layer`` and ``head``.)doc")
           "per (layer, kv-head), as kvarn.codec.decode reads them.")
       .def(
           "read",
-          [](PySession& ps, SequenceId seq, uint32_t layer, uint64_t start,
-             std::optional<uint32_t> count) {
+          [](PySession& ps, SequenceId seq, Int<uint32_t> layer, Int<uint64_t> start_arg,
+             std::optional<Int<uint32_t>> count) {
+            const uint64_t start = start_arg;
             std::shared_ptr<Session> s = ps.Get();
             CheckLayer(*s, static_cast<int>(layer));
             const SequenceTable t = Value(s->Table(seq));
             if (start > t.tokens)
               ThrowValue(
                   absl::StrCat("start ", start, " is past the sequence's ", t.tokens, " tokens"));
-            const uint32_t n = count.value_or(static_cast<uint32_t>(t.tokens - start));
+            const uint32_t n = count ? count->value : static_cast<uint32_t>(t.tokens - start);
             std::vector<float> k, v;
             if (n > 0) Blocking([&] { return s->Read(seq, layer, start, n, &k, &v); });
             const BlockLayout& l = s->block_layout();
@@ -634,7 +635,8 @@ leading axes fixed by ``layer`` and ``head``.)doc")
           "The daemon's ListSequences (dict).")
       .def(
           "evict",
-          [](PySession& ps, const std::string& scope, uint64_t bytes, const std::string& tenant) {
+          [](PySession& ps, const std::string& scope, Int<uint64_t> bytes,
+             const std::string& tenant) {
             v1::EvictRequest::Scope sc;
             if (scope == "tenant") {
               sc = v1::EvictRequest::SCOPE_TENANT;

@@ -147,8 +147,9 @@ ctl::QuerySet AsQueries(pyb::handle obj, const ctl::KvTensor& keys) {
 }
 
 pyb::array Encode(const std::string& preset_name, pyb::object keys, pyb::object values,
-                  int iterations) {
+                  Int<int> iterations_arg) {
   InPython in_python;
+  const int iterations = iterations_arg;
   const Preset p = Parsed(preset_name);
   if (iterations < 0 || iterations > EncodeOptions::kMaxIterations) {
     ThrowValue(absl::StrCat("iterations ", iterations, " is not in [0, ",
@@ -206,8 +207,8 @@ pyb::array Encode(const std::string& preset_name, pyb::object keys, pyb::object 
   return out;
 }
 
-pyb::tuple Decode(const std::string& preset_name, pyb::object records, std::optional<int> head_dim,
-                  const std::string& frame) {
+pyb::tuple Decode(const std::string& preset_name, pyb::object records,
+                  std::optional<Int<int>> head_dim_arg, const std::string& frame) {
   InPython in_python;
   const Preset p = Parsed(preset_name);
   if (frame != "original" && frame != "storage")
@@ -228,9 +229,9 @@ pyb::tuple Decode(const std::string& preset_name, pyb::object records, std::opti
   if (a.ndim() < 1) ThrowValue("records is a scalar; a record is a 1-D array of bytes");
   const size_t bytes = static_cast<size_t>(a.shape(a.ndim() - 1));
   int d = 0;
-  if (head_dim) {
-    CheckHeadDimArg(*head_dim, "head_dim");
-    d = *head_dim;
+  if (head_dim_arg) {
+    CheckHeadDimArg(head_dim_arg->value, "head_dim");
+    d = head_dim_arg->value;
     if (bytes != p.RecordBytes(d)) {
       ThrowValue(absl::StrCat("records are ", bytes, " bytes; a ", p.Name(),
                               " record with head_dim ", d, " is ", p.RecordBytes(d), " bytes"));
@@ -262,8 +263,11 @@ pyb::tuple Decode(const std::string& preset_name, pyb::object records, std::opti
 }
 
 pyb::object Eval(pyb::object presets, pyb::object keys, pyb::object values, pyb::object queries,
-                 pyb::object sink_tokens, int iterations, int random_queries, uint64_t seed) {
+                 pyb::object sink_tokens, Int<int> iterations_arg, Int<int> random_queries_arg,
+                 Int<uint64_t> seed_arg) {
   InPython in_python;
+  const int iterations = iterations_arg, random_queries = random_queries_arg;
+  const uint64_t seed = seed_arg;
   const bool single = pyb::isinstance<pyb::str>(presets);
   std::vector<Preset> list;
   if (single) {
@@ -308,7 +312,8 @@ pyb::object Eval(pyb::object presets, pyb::object keys, pyb::object values, pyb:
   return out;
 }
 
-pyb::dict PresetInfo(const std::string& name, int head_dim) {
+pyb::dict PresetInfo(const std::string& name, Int<int> head_dim_arg) {
+  const int head_dim = head_dim_arg;
   const Preset p = Parsed(name);
   CheckHeadDimArg(head_dim, "head_dim");
   pyb::dict d;

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/lib/client.h"
+#include "python/src/arrays.h"
 #include "python/src/gil.h"
 #include "python/src/status.h"
 
@@ -81,24 +82,6 @@ auto Blocking(F f) {
   }
 }
 
-// Whether h is a bool or a numpy bool: not an id, although numpy 1.x still lets a bool scalar
-// be an index (with a DeprecationWarning).
-inline bool IsBool(pybind11::handle h) {
-  return PyBool_Check(h.ptr()) ||
-         pybind11::isinstance(h, pybind11::module_::import("numpy").attr("bool_"));
-}
-
-// A sequence or block id argument: an int or an object with __index__ (a numpy integer), as
-// IntArg takes, but never a bool: True is not sequence 1. A bool is refused as any other
-// non-integer is (TypeError), as release() and commit_batch() refuse it (AsId).
-template <typename T>
-struct Id {
-  T value = 0;
-  operator T() const { return value; }  // NOLINT(google-explicit-constructor)
-};
-using SequenceId = Id<uint64_t>;
-using BlockId = Id<uint32_t>;
-
 inline uint64_t TileTokens(const Session& s) {
   return static_cast<uint64_t>(s.block_layout().tile_tokens);
 }
@@ -119,21 +102,5 @@ inline void CheckHead(const Session& s, int head) {
 }
 
 }  // namespace kvarn::py
-
-namespace pybind11::detail {
-
-template <typename T>
-struct type_caster<kvarn::py::Id<T>> {
-  PYBIND11_TYPE_CASTER(kvarn::py::Id<T>, const_name("int"));
-  bool load(handle src, bool /*convert*/) {
-    if (kvarn::py::IsBool(src)) return false;
-    make_caster<T> id;
-    if (!id.load(src, /*convert=*/false)) return false;
-    value.value = cast_op<T>(id);
-    return true;
-  }
-};
-
-}  // namespace pybind11::detail
 
 #endif  // KVARN_PYTHON_SRC_SESSION_HANDLE_H_

@@ -70,7 +70,8 @@ absl::Status DequantizeInPlace(const Session& s, uint64_t seq, const SequenceTab
 
 }  // namespace
 
-pyb::tuple Dequantize(PySession& ps, SequenceId seq, std::optional<int> layer) {
+pyb::tuple Dequantize(PySession& ps, SequenceId seq, std::optional<Int<int>> layer_arg) {
+  const std::optional<int> layer = Plain(layer_arg);
   std::shared_ptr<Session> s = ps.Get();
   const SequenceTable t = Value(s->Table(seq));
   const BlockLayout& l = s->block_layout();
@@ -115,8 +116,9 @@ pyb::tuple Dequantize(PySession& ps, SequenceId seq, std::optional<int> layer) {
   return pyb::make_tuple(keys, values);
 }
 
-pyb::tuple DequantizeBlock(PySession& ps, BlockId block, std::optional<int> layer,
-                           std::optional<int> head) {
+pyb::tuple DequantizeBlock(PySession& ps, BlockId block, std::optional<Int<int>> layer_arg,
+                           std::optional<Int<int>> head_arg) {
+  const std::optional<int> layer = Plain(layer_arg), head = Plain(head_arg);
   std::shared_ptr<Session> s = ps.Get();
   const BlockLayout& l = s->block_layout();
   if (layer) CheckLayer(*s, *layer);
@@ -143,8 +145,8 @@ pyb::tuple DequantizeBlock(PySession& ps, BlockId block, std::optional<int> laye
   return pyb::make_tuple(keys, values);
 }
 
-pyb::object Attend(PySession& ps, SequenceId seq, int layer, pyb::object queries, pyb::object out,
-                   bool return_lse) {
+pyb::object Attend(PySession& ps, SequenceId seq, Int<int> layer, pyb::object queries,
+                   pyb::object out, bool return_lse) {
   std::shared_ptr<Session> s = ps.Get();
   const BlockLayout& l = s->block_layout();
   CheckLayer(*s, layer);

@@ -187,6 +187,8 @@ INTS = [("minus_1", lambda v: (-1, NO)), ("2^31", lambda v: (2**31, 2**31)),
         ("str", lambda v: (str(v), NO)), ("none", lambda v: (None, NO)),
         ("broken_index", lambda v: (sabotaged("BrokenIndex", __index__=_fail("__index__")), NO)),
         ("huge_index", lambda v: (sabotaged("HugeIndex", __index__=lambda self: 2**70), NO))]
+# A bool is not a count, a layer or a size (True is not 1) as it is not an id (_bool_id).
+BOOLS = [("true", lambda v: (True, NO)), ("numpy_true", lambda v: (np.True_, NO))]
 SEQS = INTS + [("unknown", lambda v: (2**64 - 1, NO)), ("numpy_uint64", lambda v: (np.uint64(v), v)),
                ("0d_array", lambda v: (np.array(v), v)), ("bytes", lambda v: (b"1", NO))]
 FLOAT_SECONDS = [("nan", math.nan), ("inf", math.inf), ("minus_inf", -math.inf), ("1e300", 1e300),
@@ -540,7 +542,7 @@ def _int_case(entry, valid, optional, fn, make):
 
 
 for _entry, _valid, _opt, _fn in INT_ARGS:
-    for _label, _make in INTS:
+    for _label, _make in INTS + BOOLS:
         add(f"{_entry}={_label}", _int_case(_entry, _valid, _opt, _fn, _make))
 
 
@@ -611,7 +613,7 @@ for _arg in ("tenant", "client_name", "tenant_token", "admin_token"):
         add(f"open_session.{_arg}={_label}", _session_case(
             lambda a=_arg, make=_make: {"tenant": "t-" + a, "max_sequences": 1, a: make("t")},
             isinstance(_make("t"), (str, bytes))))
-for _label, _make in INTS:
+for _label, _make in INTS + BOOLS:
     add(f"open_session.max_sequences={_label}", _session_case(
         lambda make=_make: {"tenant": "t-max", "max_sequences": make(1)[0]}, _make(1)[1] is not NO))
 for _field, _values in [("model_id", ["", "\0", "m" * 300]), ("num_layers", [0, 1, 3, 2**32 - 1]),
@@ -622,7 +624,7 @@ for _field, _values in [("model_id", ["", "\0", "m" * 300]), ("num_layers", [0, 
             lambda f=_field, x=_x: {"tenant": "t-layout", "layout": kvarn.Layout(**{**LAYOUT, f: x})},
             False))
 for _field in ("num_layers", "head_dim", "sink_tokens"):
-    for _label, _make in INTS:
+    for _label, _make in INTS + BOOLS:
         add(f"Layout.{_field}={_label}", lambda ctx, f=_field, make=_make: ctx.pure(
             lambda x: getattr(kvarn.Layout(**{**LAYOUT, f: x}), f), *make(LAYOUT[f]), session=False))
 
