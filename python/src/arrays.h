@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kernels/codec.h"
+#include "python/src/gil.h"
 
 namespace kvarn::py {
 
@@ -118,6 +119,7 @@ template <typename T>
 struct type_caster<kvarn::py::Int<T>> {
   PYBIND11_TYPE_CASTER(kvarn::py::Int<T>, const_name("int"));
   bool load(handle src, bool /*convert*/) {
+    kvarn::py::InPython in_python;  // src's __index__ (gil.h)
     if (kvarn::py::IsBool(src)) return false;
     make_caster<T> v;
     if (!v.load(src, /*convert=*/false)) return false;

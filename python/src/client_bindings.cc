@@ -169,6 +169,17 @@ std::string TableRepr(const SequenceTable& t) {
                       ", tail_tokens=", t.tail_tokens, ")");
 }
 
+// A Layout field as a property whose setter takes what an IntArg argument takes (never a
+// bool, never a number truncated through __int__).
+template <uint32_t Layout::*F>
+uint32_t GetField(const Layout& l) {
+  return l.*F;
+}
+template <uint32_t Layout::*F>
+void SetField(Layout& l, Int<uint32_t> v) {
+  l.*F = v;
+}
+
 void BindTypes(pyb::module_& m) {
   pyb::class_<Layout>(m, "Layout", R"doc(
 The shape of a model's KV cache, as OpenSession must declare it (``Client.layout()`` gives
@@ -184,11 +195,15 @@ the daemon's). Fields: ``model_id`` (str, part of the prefix-hash namespace), ``
            IntArg("head_dim") = 128, pyb::arg("preset") = "kvarn_k4v2_g128",
            IntArg("sink_tokens") = 128, "A layout; every field is a keyword argument.")
       .def_readwrite("model_id", &Layout::model_id, "Model id (str).")
-      .def_readwrite("num_layers", &Layout::num_layers, "Layers of the model.")
-      .def_readwrite("num_kv_heads", &Layout::num_kv_heads, "KV-heads per layer.")
-      .def_readwrite("head_dim", &Layout::head_dim, "Head dimension.")
+      .def_property("num_layers", GetField<&Layout::num_layers>, SetField<&Layout::num_layers>,
+                    "Layers of the model.")
+      .def_property("num_kv_heads", GetField<&Layout::num_kv_heads>,
+                    SetField<&Layout::num_kv_heads>, "KV-heads per layer.")
+      .def_property("head_dim", GetField<&Layout::head_dim>, SetField<&Layout::head_dim>,
+                    "Head dimension.")
       .def_readwrite("preset", &Layout::preset, "Codec preset name.")
-      .def_readwrite("sink_tokens", &Layout::sink_tokens, "fp16 sink tokens: 0 or the tile size.")
+      .def_property("sink_tokens", GetField<&Layout::sink_tokens>, SetField<&Layout::sink_tokens>,
+                    "fp16 sink tokens: 0 or the tile size.")
       .def("__eq__",
            [](const Layout& a, const Layout& b) {
              return a.model_id == b.model_id && a.num_layers == b.num_layers &&

@@ -629,6 +629,23 @@ for _field in ("num_layers", "head_dim", "sink_tokens"):
             lambda x: getattr(kvarn.Layout(**{**LAYOUT, f: x}), f), *make(LAYOUT[f]), session=False))
 
 
+def _set_field(field, x):
+    """layout.field = x: the value set, or the refusal, having left the field as it was."""
+    layout = kvarn.Layout(**LAYOUT)
+    try:
+        setattr(layout, field, x)
+    except BaseException:
+        assert getattr(layout, field) == LAYOUT[field], f"refused, yet {field} changed"
+        raise
+    return getattr(layout, field)
+
+
+for _field in ("num_layers", "num_kv_heads", "head_dim", "sink_tokens"):
+    for _label, _make in INTS + BOOLS:
+        add(f"Layout.{_field}.setter={_label}", lambda ctx, f=_field, make=_make: ctx.pure(
+            lambda x: _set_field(f, x), *make(LAYOUT[f]), session=False))
+
+
 def _eq_none(obj):  # the careless comparison: False, or a TypeError
     ok, got = attempt(lambda: obj == None)  # noqa: E711
     assert (ok and got is False) or (not ok and refusal_ok(got)), f"== None gave {short(got)}"
