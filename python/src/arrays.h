@@ -20,6 +20,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/codec.h"
@@ -83,9 +84,12 @@ TokenIds AsTokenIds(pyb::handle obj, const std::string& what);
 inline pyb::arg IntArg(const char* name) { return pyb::arg(name).noconvert(); }
 
 // Whether h is a bool or a numpy bool (numpy 1.x still lets a bool scalar be an index, with a
-// DeprecationWarning).
+// DeprecationWarning). numpy's bool type is known by its name (numpy.bool_, numpy.bool in
+// numpy 2), which cannot be subclassed: no import of numpy on every integer argument.
 inline bool IsBool(pyb::handle h) {
-  return PyBool_Check(h.ptr()) || pyb::isinstance(h, pyb::module_::import("numpy").attr("bool_"));
+  if (PyBool_Check(h.ptr())) return true;
+  const std::string_view type = Py_TYPE(h.ptr())->tp_name;
+  return type == "numpy.bool_" || type == "numpy.bool";
 }
 
 // The C++ type of an IntArg parameter: what IntArg takes, but never a bool. True is not

@@ -366,18 +366,7 @@ Thread safety: methods may be called from any thread; blocking calls release the
                   }
                   return client->OpenSession(o);
                 });
-            // The session's deleter keeps the client alive (the C++ Session holds a raw Client*)
-            // and closes without the GIL: the last holder may be a call returning after close()
-            // on another thread, and closing waits for the keep-alive thread and CloseSession.
-            std::shared_ptr<Session> shared(s.release(), [client](Session* p) {
-              if (PyGILState_Check() && !Finalizing()) {
-                Release nogil;
-                delete p;
-              } else {
-                delete p;
-              }
-            });
-            return std::make_unique<PySession>(std::move(shared));
+            return std::make_unique<PySession>(ShareSession(std::move(s), client));
           },
           pyb::arg("tenant"), pyb::kw_only(), pyb::arg("layout") = pyb::none(),
           IntArg("max_sequences") = 0, pyb::arg("tenant_token") = "", pyb::arg("admin_token") = "",

@@ -47,13 +47,9 @@ Release::Release() : state_(PyEval_SaveThread()) {
 }
 
 Release::~Release() {
-  if (depth > 0) {
-    in_python.fetch_add(1);
-    if (MustPark()) {
-      Leave();
-      Park();
-    }
-  } else if (MustPark()) {
+  if (depth > 0) in_python.fetch_add(1);  // back in the InPython it left
+  if (MustPark()) {
+    if (depth > 0) Leave();
     Park();
   }
   try {

@@ -27,24 +27,28 @@ inline bool Finalizing() {
 #endif
 }
 
-// kvarn.Session's object: the C++ Session behind a shared_ptr, so that each call holds it for
-// its duration (close() from another thread then leaves the closing to the call instead of
-// unmapping the pool under it) and whose deleter keeps the Client alive (the C++ Session holds
-// a raw Client*).
+// The C++ Session of a kvarn.Session, shared: each call holds it for its duration (close()
+// from another thread then leaves the closing to the call instead of unmapping the pool under
+// it). The deleter keeps the Client alive (the C++ Session holds a raw Client*) and closes
+// (CloseSession, the keep-alive join) without the GIL, whichever holder is last: the Python
+// object, close(), or a call returning on another thread. While the interpreter shuts down
+// nothing else runs Python, and the GIL stays.
+inline std::shared_ptr<Session> ShareSession(std::unique_ptr<Session> s,
+                                             std::shared_ptr<Client> client) {
+  return std::shared_ptr<Session>(s.release(), [client = std::move(client)](Session* p) {
+    if (Py_IsInitialized() && !Finalizing() && PyGILState_Check()) {
+      Release nogil;
+      delete p;
+    } else {
+      delete p;
+    }
+  });
+}
+
+// kvarn.Session's object.
 class PySession {
  public:
   explicit PySession(std::shared_ptr<Session> s) : session_(std::move(s)) {}
-  ~PySession() {
-    if (session_ == nullptr) return;
-    // Closing sends CloseSession and joins the keep-alive thread: not with the GIL held,
-    // unless the interpreter is shutting down (then nothing else runs Python anyway).
-    if (Py_IsInitialized() && !Finalizing()) {
-      Release nogil;
-      session_.reset();
-    } else {
-      session_.reset();
-    }
-  }
   PySession(const PySession&) = delete;
   PySession& operator=(const PySession&) = delete;
 
@@ -57,11 +61,7 @@ class PySession {
   bool closed() const { return session_ == nullptr; }
   // The last holder closes the C++ Session: this call, or a call in flight on another thread
   // when it returns.
-  void Close() {
-    std::shared_ptr<Session> s = std::move(session_);
-    Release nogil;
-    s.reset();
-  }
+  void Close() { session_.reset(); }
 
  private:
   std::shared_ptr<Session> session_;

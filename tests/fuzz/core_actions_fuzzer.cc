@@ -24,6 +24,7 @@
 #include "daemon/core/kv_core.h"
 #include "kernels/fp16.h"
 #include "tests/daemon/core/map_tier.h"
+#include "tests/daemon/core/small_model.h"
 
 namespace kvarn {
 namespace {
@@ -76,18 +77,10 @@ class TailBackend final : public MemoryBackend {
   HeapBackend heap_;
 };
 
-constexpr int kLayers = 2, kHeads = 2, kDim = 64, kTile = 64;
+constexpr int kLayers = testing::kSmallModelLayers, kHeads = 2, kDim = testing::kSmallModelHeadDim,
+              kTile = 64;
 
-ModelConfig Model() {
-  ModelConfig m;
-  m.model_id = "fuzz";
-  m.num_layers = kLayers;
-  m.num_kv_heads = kHeads;
-  m.head_dim = kDim;
-  m.preset = "kvarn_k4v2_g64";
-  m.sink_tokens = kTile;
-  return m;
-}
+ModelConfig Model() { return testing::SmallModel("kvarn_k4v2_g64", kTile, kHeads, "fuzz"); }
 
 struct ModelSession {
   SessionRef ref;

@@ -39,12 +39,14 @@
 #include "daemon/core/kv_core.h"
 #include "daemon/tiers/disk_tier.h"
 #include "tests/daemon/core/map_tier.h"
+#include "tests/daemon/core/small_model.h"
 #include "tests/fuzz/tier_record_fuzz_spec.h"
 
 namespace kvarn::testing::tier_fuzz {
 namespace {
 
-constexpr int kLayers = 2, kHeads = 1, kDim = 64, kTile = 64;
+constexpr int kLayers = testing::kSmallModelLayers, kHeads = 1, kDim = testing::kSmallModelHeadDim,
+              kTile = 64;
 constexpr absl::Duration kDeadline = absl::Seconds(10);
 
 // The counters a record's fate moves, from the core's Stats: the disk tier's own, the map's
@@ -89,16 +91,7 @@ struct Variant {
   RecordFault fault = RecordFault::kCorrupt;  // not served: the fault the disk tier counts
 };
 
-ModelConfig FuzzModel() {
-  ModelConfig m;
-  m.model_id = "fuzz";
-  m.num_layers = kLayers;
-  m.num_kv_heads = kHeads;
-  m.head_dim = kDim;
-  m.preset = "kvarn_k4v2_g64";
-  m.sink_tokens = kTile;
-  return m;
-}
+ModelConfig FuzzModel() { return testing::SmallModel("kvarn_k4v2_g64", kTile, kHeads, "fuzz"); }
 
 class Harness {
  public:

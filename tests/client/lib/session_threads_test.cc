@@ -45,8 +45,6 @@ std::vector<float> TokenKv(std::span<const uint32_t> ids, uint32_t salt) {
   return out;
 }
 
-std::vector<uint32_t> Ids(uint32_t first, int n) { return TestTokenIds(first, n); }
-
 std::vector<uint32_t> Concat(std::vector<uint32_t> a, const std::vector<uint32_t>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
@@ -162,12 +160,12 @@ struct Round {
 Round RoundOf(int t, int r, int tile) {
   Round x;
   const uint32_t base = 1'000'000u + static_cast<uint32_t>(t * 100 + r) * 1000u;
-  x.prompt = Ids(1, tile);
-  if ((t + r) % 2 == 0) x.prompt = Concat(x.prompt, Ids(500, tile));
-  x.prompt = Concat(x.prompt, Ids(base, 5 + (t * 7 + r * 3) % 40));
-  x.decode = Ids(base + 100, 40 + (t * 13 + r * 5) % 60);
-  x.branch_a = Ids(base + 300, 10 + (t + r) % 30);
-  x.branch_b = Ids(base + 500, 30 + (t * 3 + r) % 50);
+  x.prompt = TestTokenIds(1, tile);
+  if ((t + r) % 2 == 0) x.prompt = Concat(x.prompt, TestTokenIds(500, tile));
+  x.prompt = Concat(x.prompt, TestTokenIds(base, 5 + (t * 7 + r * 3) % 40));
+  x.decode = TestTokenIds(base + 100, 40 + (t * 13 + r * 5) % 60);
+  x.branch_a = TestTokenIds(base + 300, 10 + (t + r) % 30);
+  x.branch_b = TestTokenIds(base + 500, 30 + (t * 3 + r) % 50);
   x.query_seed = base;
   return x;
 }
@@ -241,7 +239,8 @@ void ExpectSameReads(const Outcome& got, const Outcome& want, int t, int r) {
 absl::Status CacheSink(Session& s) {
   auto q = s.CreateSequence({});
   if (!q.ok()) return q.status();
-  if (absl::Status a = AppendIds(s, q->id, Ids(1, s.block_layout().tile_tokens), 0); !a.ok())
+  if (absl::Status a = AppendIds(s, q->id, TestTokenIds(1, s.block_layout().tile_tokens), 0);
+      !a.ok())
     return a;
   return s.Release(std::vector<uint64_t>{q->id});
 }
@@ -340,7 +339,7 @@ TEST(SessionThreadsTest, ConcurrentAppendsToOneSequenceLandWholeOrFailPreconditi
       start.arrive_and_wait();
       for (int a = 0; a < kAttempts; ++a) {
         const std::vector<uint32_t> ids =
-            Ids(static_cast<uint32_t>((t + 1) * 100'000 + a * kTokens), kTokens);
+            TestTokenIds(static_cast<uint32_t>((t + 1) * 100'000 + a * kTokens), kTokens);
         const std::vector<float> keys = TokenKv(ids, 0), values = TokenKv(ids, 1);
         auto r = a % 2 == 0
                      ? session.Append(seq, ids, keys.data(), values.data(), DType::kF32)
@@ -435,13 +434,13 @@ TEST(SessionThreadsTest, SessionsOpenAndCloseOnOneClientWhileOthersWork) {
           churned[c] = s.status();
           break;
         }
-        auto q = (*s)->CreateSequence(Ids(1, (*s)->block_layout().tile_tokens));
+        auto q = (*s)->CreateSequence(TestTokenIds(1, (*s)->block_layout().tile_tokens));
         if (!q.ok()) {
           churned[c] = q.status();
           break;
         }
         const std::vector<uint32_t> ids =
-            Ids(static_cast<uint32_t>(2'000'000 + c * 1000 + i * 100), 70);
+            TestTokenIds(static_cast<uint32_t>(2'000'000 + c * 1000 + i * 100), 70);
         churned[c] = AppendIds(**s, q->id, ids, i);
       }  // the session ends here, its sequence unreleased
     });
@@ -472,7 +471,7 @@ TEST(SessionThreadsTest, ThreadsCommittingThroughOneRingGetWhatSerialAppendsGive
   constexpr int kSteps = 150;  // past two tile boundaries
   constexpr int kRingThreads = 4;
   auto step_ids = [](int t, int i) {
-    return Ids(static_cast<uint32_t>(3'000'000 + t * 10'000 + i * 3), i % 3 + 1);
+    return TestTokenIds(static_cast<uint32_t>(3'000'000 + t * 10'000 + i * 3), i % 3 + 1);
   };
   Daemon d;
   ASSERT_TRUE(d.Start().ok());
@@ -490,7 +489,7 @@ TEST(SessionThreadsTest, ThreadsCommittingThroughOneRingGetWhatSerialAppendsGive
   ASSERT_TRUE(CacheSink(session).ok());
   std::vector<uint64_t> seqs;
   for (int k = 0; k < 2 * kThreads; ++k) {
-    auto q = session.CreateSequence(Ids(1, tile + 1));
+    auto q = session.CreateSequence(TestTokenIds(1, tile + 1));
     ASSERT_TRUE(q.ok()) << q.status();
     ASSERT_EQ(q->cached_tokens, static_cast<uint64_t>(tile));
     seqs.push_back(q->id);
@@ -549,7 +548,7 @@ TEST(SessionThreadsTest, ThreadsCommittingThroughOneRingGetWhatSerialAppendsGive
   ASSERT_TRUE(rs.ok()) << rs.status();
   ASSERT_TRUE(CacheSink(**rs).ok());
   for (int which = 0; which < 2 * kThreads; ++which) {
-    auto rq = (*rs)->CreateSequence(Ids(1, tile + 1));
+    auto rq = (*rs)->CreateSequence(TestTokenIds(1, tile + 1));
     ASSERT_TRUE(rq.ok()) << rq.status();
     ASSERT_EQ(rq->cached_tokens, static_cast<uint64_t>(tile));
     uint64_t tokens = tile;

@@ -12,20 +12,9 @@
 
 #include "common/mutex.h"
 #include "daemon/core/kv_core.h"
+#include "tests/daemon/core/small_model.h"
 
 namespace kvarn::testing {
-
-// L=2 layers, 2 kv-heads, D=64, 64-token tiles.
-inline ModelConfig SmallModel(const std::string& preset = "kvarn_k4v2_g64", uint32_t sink = 64) {
-  ModelConfig m;
-  m.model_id = "test-model";
-  m.num_layers = 2;
-  m.num_kv_heads = 2;
-  m.head_dim = 64;
-  m.preset = preset;
-  m.sink_tokens = sink;
-  return m;
-}
 
 // Heap memory that remembers the tail regions it hands out, so tests can play a client
 // scribbling on its shared-memory tail.
